@@ -1,0 +1,90 @@
+# gpufleet.reliability — the two commands of the README are `make demo` and `make test`.
+# Both set everything up first (apt prerequisites, .venv with pinned dependencies, npm packages,
+# the collection linked into ./collections) and need nothing outside this file.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+REPO := $(CURDIR)
+export ANSIBLE_COLLECTIONS_PATH := $(REPO)/collections
+export ANSIBLE_CONFIG := $(REPO)/ansible.cfg
+export PATH := $(REPO)/$(BIN):$(PATH)
+
+.PHONY: setup demo test lint unit sanity ansible-lint integration integration-2411 bench lab lab-stop clean lock help
+
+help:
+	@echo "make demo   - set up and run the main job (the simulator's default comparison)"
+	@echo "make test   - set up and run every test (lint, unit, sanity, ansible-lint, integration)"
+	@echo "make bench  - run the benchmarks and print figures"
+	@echo "make lab    - start the Slurm lab for a person to play with (make lab-stop stops it)"
+
+setup: $(VENV)/.stamp-deps $(VENV)/.stamp-tools collections/ansible_collections/gpufleet/reliability node-deps
+	@scripts/install-prereqs.sh
+
+$(VENV)/.stamp-deps: requirements/dev.txt
+	@scripts/install-prereqs.sh
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements/dev.txt
+	touch $@
+
+$(VENV)/.stamp-tools: $(VENV)/.stamp-deps pyproject.toml
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	echo "$(REPO)/collections" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/gpufleet_collections.pth"
+	mkdir -p $$HOME/.ansible/test/cache
+	for v in 24_2 25_2; do cp scripts/get_pip_offline.py $$HOME/.ansible/test/cache/get_pip_$$v.py; done
+	touch $@
+
+collections/ansible_collections/gpufleet/reliability:
+	mkdir -p collections/ansible_collections/gpufleet
+	ln -sfn ../../.. $@
+
+# Every folder under tests/ with a package-lock.json gets its pinned npm packages.
+node-deps:
+	@for lock in $$(find tests -name package-lock.json -not -path '*/node_modules/*'); do \
+	  d=$$(dirname $$lock); \
+	  if [ ! -f $$d/node_modules/.package-lock.json ] || [ $$lock -nt $$d/node_modules/.package-lock.json ]; then \
+	    (cd $$d && npm ci --no-audit --no-fund --loglevel=error); fi; done
+
+demo: setup
+	$(BIN)/gpufleet-sim run simulator/scenarios/default-1k.yaml --out out/demo
+
+lint: setup
+	$(BIN)/ruff check .
+	shellcheck $$(git ls-files '*.sh')
+
+unit: setup
+	$(PY) -m pytest tests/unit -q
+
+sanity: setup
+	scripts/sanity.sh
+
+ansible-lint: setup
+	$(BIN)/ansible-lint --profile production
+
+integration: setup
+	$(PY) -m pytest tests/integration -q
+
+# The Slurm integration suite again, against Slurm 24.11 in a Debian trixie chroot.
+integration-2411: setup
+	SLURM_LAB_RELEASE=24.11 $(PY) -m pytest tests/integration -q -m lab
+
+test: lint unit sanity ansible-lint integration integration-2411
+
+bench: setup
+	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b; done
+
+lab: setup
+	tests/lab/slurm-lab.sh start
+	@tests/lab/slurm-lab.sh env
+
+lab-stop:
+	tests/lab/slurm-lab.sh stop
+
+lock:
+	rm -rf .cache/lock-venv && $(PYTHON) -m venv .cache/lock-venv
+	.cache/lock-venv/bin/pip install -q -r requirements/dev.txt && .cache/lock-venv/bin/pip freeze
+
+clean: lab-stop
+	rm -rf $(VENV) .build collections tests/output out
