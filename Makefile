@@ -52,7 +52,8 @@ demo: setup
 
 lint: setup
 	$(BIN)/ruff check .
-	shellcheck $$(git ls-files '*.sh')
+	shellcheck $$(git ls-files '*.sh' .ci/run)
+	$(BIN)/antsibull-changelog lint
 
 unit: setup
 	$(PY) -m pytest tests/unit -q
@@ -87,4 +88,4 @@ lock:
 	.cache/lock-venv/bin/pip install -q -r requirements/dev.txt && .cache/lock-venv/bin/pip freeze
 
 clean: lab-stop
-	rm -rf $(VENV) .build collections tests/output out
+	rm -rf $(VENV) collections tests/output out

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Runs `ansible-test sanity --venv` on a copy of the collection laid out where ansible-test wants it
-# (.build/ansible_collections/gpufleet/reliability), on every target Python this machine has (3.9+).
+# (/tmp/gpufleet-build-*/ansible_collections/gpufleet/reliability), on every target Python this machine has (3.9+).
 # The copy holds exactly the files git tracks or would track, so nothing built (.venv, node_modules) is linted.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-dest="$repo/.build/ansible_collections/gpufleet/reliability"
-pybin="$repo/.build/pybin"
+# Outside the checkout: inside it, ansible-test would take its file list from the enclosing git work tree.
+build=${GPUFLEET_BUILD_DIR:-/tmp/gpufleet-build-$(printf %s "$repo" | md5sum | cut -c1-8)}
+dest="$build/ansible_collections/gpufleet/reliability"
+pybin="$build/pybin"
 mkdir -p "$dest" "$pybin"
 cd "$repo"
 git ls-files -co --exclude-standard -z | rsync -a --delete --delete-excluded --from0 --files-from=- ./ "$dest/"
