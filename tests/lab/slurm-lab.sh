@@ -1,0 +1,653 @@
+#!/usr/bin/env bash
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+#
+# slurm-lab.sh - a throw-away, real Slurm cluster on one host, loopback only.
+#
+#   munged + slurmctld + N x `slurmd -N nodeK` (fake GRES gpu:<type>:8, files are /dev/null symlinks),
+#   everything under one private directory ($SLURM_LAB_DIR), every daemon stopped by verified PID.
+#
+# Usage: slurm-lab.sh start|stop|restart|status|env|wait|selftest|clean
+# Settings (environment, defaults in brackets):
+#   SLURM_LAB_PORT_BASE [16800]  ctld=BASE+17 restd=BASE+20 slurmd i=BASE+100+i
+#   SLURM_LAB_DIR [/tmp/gpufleet-lab-$SLURM_LAB_PORT_BASE]   SLURM_LAB_NODES [4]   SLURM_LAB_NODE_PREFIX [node]
+#   SLURM_LAB_GPUS [8]  SLURM_LAB_GPU_TYPE [h100]  SLURM_LAB_CPUS [16]  SLURM_LAB_MEM_MB [64000]
+#   SLURM_LAB_HEALTHCHECK_PROGRAM [$LAB/bin/healthcheck]  SLURM_LAB_HEALTHCHECK_INTERVAL [5; 0 = off]
+#   SLURM_LAB_REBOOT_PROGRAM [$LAB/bin/fake-reboot]  SLURM_LAB_JWKS [unset: no slurmrestd]
+#   SLURM_LAB_EXTRA_CONF [unset: file appended verbatim to slurm.conf]  SLURM_LAB_INSTALL [auto|no]
+#   SLURM_LAB_TIMEOUT [60]  SLURM_LAB_SLURMD_TIMEOUT [30]  SLURM_LAB_KEEP_STATE [0]
+#   SLURM_LAB_RELEASE [22.05 = the host's Debian Slurm | 24.11 = Debian trixie chroot]
+#   SLURM_LAB_CHROOT [/var/cache/gpufleet/trixie-chroot]  (built once with debootstrap, then reused)
+#
+# The health-check program drains a node when $LAB/flags/<node>.bad exists, then, if $LAB/etc/healthcheck.hook
+# exists and is executable, execs it (PATH and SLURM_CONF exported, SLURMD_NODENAME passed through). With
+# release 24.11 the hook runs on the host (outside the chroot) with $LAB/bin/wrap first on PATH.
+set -euo pipefail
+
+PORT_BASE=${SLURM_LAB_PORT_BASE:-16800}
+LAB=${SLURM_LAB_DIR:-/tmp/gpufleet-lab-$PORT_BASE}
+NODES=${SLURM_LAB_NODES:-4}
+PREFIX=${SLURM_LAB_NODE_PREFIX:-node}
+GPUS=${SLURM_LAB_GPUS:-8}
+GPU_TYPE=${SLURM_LAB_GPU_TYPE:-h100}
+CPUS=${SLURM_LAB_CPUS:-16}
+MEM_MB=${SLURM_LAB_MEM_MB:-64000}
+HC_PROGRAM=${SLURM_LAB_HEALTHCHECK_PROGRAM:-$LAB/bin/healthcheck}
+HC_INTERVAL=${SLURM_LAB_HEALTHCHECK_INTERVAL:-5}
+REBOOT_PROGRAM=${SLURM_LAB_REBOOT_PROGRAM:-$LAB/bin/fake-reboot}
+JWKS=${SLURM_LAB_JWKS:-}
+EXTRA_CONF=${SLURM_LAB_EXTRA_CONF:-}
+INSTALL=${SLURM_LAB_INSTALL:-auto}
+TIMEOUT=${SLURM_LAB_TIMEOUT:-60}
+SLURMD_TIMEOUT=${SLURM_LAB_SLURMD_TIMEOUT:-30}
+KEEP_STATE=${SLURM_LAB_KEEP_STATE:-0}
+RELEASE=${SLURM_LAB_RELEASE:-22.05}
+CHROOT=${SLURM_LAB_CHROOT:-/var/cache/gpufleet/trixie-chroot}
+
+CONF=$LAB/etc/slurm.conf
+CTLD_PORT=$((PORT_BASE + 17))
+RESTD_PORT=$((PORT_BASE + 20))
+SYS_PATH=/usr/sbin:/usr/bin:/sbin:/bin
+CONF_CHANGED=0
+
+die() { echo "slurm-lab: $*" >&2; exit 1; }
+log() { echo "slurm-lab: $*" >&2; }
+now_ms() { date +%s%3N; }
+
+# A running lab keeps the release it was started with: stop/status/wait/env/selftest/clean follow it.
+if [[ -f "$LAB/etc/release" && "${1:-}" != start && "${1:-}" != restart ]]; then
+  RELEASE=$(cat "$LAB/etc/release")
+fi
+case "$RELEASE" in
+  22.05 | host) RELEASE=22.05; ROOT="" ;;
+  24.11) ROOT=$CHROOT ;;
+  *) die "SLURM_LAB_RELEASE must be 22.05 or 24.11, got '$RELEASE'" ;;
+esac
+[[ "$NODES" =~ ^[1-9][0-9]*$ ]] || die "SLURM_LAB_NODES must be a positive integer, got '$NODES'"
+[[ "$PORT_BASE" =~ ^[1-9][0-9]*$ ]] || die "SLURM_LAB_PORT_BASE must be a positive integer, got '$PORT_BASE'"
+[[ "$HC_INTERVAL" =~ ^[0-9]+$ ]] || die "SLURM_LAB_HEALTHCHECK_INTERVAL must be an integer >= 0"
+[[ "$LAB" == /* ]] || die "SLURM_LAB_DIR must be an absolute path, got '$LAB'"
+
+node_names() { local i; for ((i = 1; i <= NODES; i++)); do echo "$PREFIX$i"; done; }
+hostlist() { if ((NODES == 1)); then echo "${PREFIX}1"; else echo "${PREFIX}[1-$NODES]"; fi; }
+slurmd_port() { echo $((PORT_BASE + 100 + ${1#"$PREFIX"})); }
+
+# --- running things inside (24.11) or outside (22.05) the chroot --------------------------------------------
+# A client command: through the lab's wrappers when a chroot is in use, else the host's binary.
+client() {
+  local cmd=$1; shift
+  if [[ -n "$ROOT" ]]; then
+    "$LAB/bin/wrap/$cmd" "$@"
+  else
+    SLURM_CONF=$CONF "$cmd" "$@"
+  fi
+}
+# A daemon: started in its own private mount namespace inside the chroot (mounts die with the namespace).
+daemon() {
+  if [[ -n "$ROOT" ]]; then
+    SLURM_CONF=$CONF PATH=$SYS_PATH unshare --mount --propagation private -- "$LAB/bin/chroot-exec" daemon "$@"
+  else
+    SLURM_CONF=$CONF PATH=$SYS_PATH "$@"
+  fi
+}
+# Resolved path of a binary as /proc/PID/exe shows it from the host.
+binary_path() {
+  if [[ -n "$ROOT" ]]; then
+    echo "$ROOT$(chroot "$ROOT" readlink -f "$1")"
+  else
+    readlink -f "$1"
+  fi
+}
+
+# --- PID safety --------------------------------------------------------------------------------------------
+# verified_pid PIDFILE BINARY: print the PID if it is alive, runs BINARY and belongs to this lab; remove a
+# stale PID file. Nothing is ever signalled by name.
+verified_pid() {
+  local pidfile=$1 binary=$2 pid exe
+  [[ -f "$pidfile" ]] || return 1
+  pid=$(tr -dc '0-9' <"$pidfile" 2>/dev/null || true)
+  if [[ -z "$pid" || ! -d /proc/$pid ]]; then rm -f "$pidfile"; return 1; fi
+  if ! tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -Fxq "SLURM_CONF=$CONF" &&
+    ! tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | grep -Fq "$LAB"; then
+    rm -f "$pidfile"  # a recycled PID: not ours
+    return 1
+  fi
+  exe=$(readlink "/proc/$pid/exe" 2>/dev/null || true)
+  exe=${exe% (deleted)}
+  if [[ "$exe" != "$(binary_path "$binary")" ]]; then
+    # Ours, but another binary (a lab of the other release in this directory): keep the PID file.
+    [[ "$exe" == */"${binary##*/}"* ]] && log "pid $pid in $pidfile runs $exe, not $(binary_path "$binary")"
+    [[ "$exe" == */"${binary##*/}"* ]] || rm -f "$pidfile"
+    return 1
+  fi
+  echo "$pid"
+}
+
+# stop_pids NAME:PIDFILE:BINARY...: SIGTERM all verified PIDs together, 15 s, then SIGKILL; remove PID files.
+stop_pids() {
+  local spec name pidfile binary pid deadline alive
+  local -a pids=() files=()
+  for spec in "$@"; do
+    IFS=: read -r name pidfile binary <<<"$spec"
+    if pid=$(verified_pid "$pidfile" "$binary"); then
+      log "stopping $name (pid $pid)"
+      kill -TERM "$pid" 2>/dev/null || true
+      pids+=("$pid"); files+=("$pidfile")
+    fi
+  done
+  ((${#pids[@]})) || return 0
+  deadline=$(($(date +%s) + 15))
+  while :; do
+    alive=()
+    for pid in "${pids[@]}"; do [[ -d /proc/$pid ]] && alive+=("$pid"); done
+    ((${#alive[@]})) || break
+    if (($(date +%s) >= deadline)); then
+      for pid in "${alive[@]}"; do log "pid $pid did not stop, SIGKILL"; kill -KILL "$pid" 2>/dev/null || true; done
+      break
+    fi
+    sleep 0.1
+  done
+  rm -f "${files[@]}"
+}
+
+port_busy() {
+  local hex
+  hex=$(printf '%04X' "$1")
+  awk -v p=":$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { found = 1 } END { exit !found }' \
+    /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
+
+# --- installation ------------------------------------------------------------------------------------------
+install_host_packages() {
+  local -a pkgs=(munge slurmctld slurmd slurm-client) missing=()
+  local p created_policy=0 rc=0
+  [[ -n "$JWKS" ]] && pkgs+=(slurmrestd slurm-wlm-jwt-plugin)
+  for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  ((${#missing[@]})) || return 0
+  [[ "$INSTALL" == auto ]] || die "missing packages: ${missing[*]} (SLURM_LAB_INSTALL=no)"
+  log "installing ${missing[*]}"
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; created_policy=1
+  fi
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}"; } >"/tmp/slurm-lab-apt.$$.log" 2>&1 || rc=$?
+  ((created_policy)) && rm -f /usr/sbin/policy-rc.d
+  if ((rc)); then cat "/tmp/slurm-lab-apt.$$.log" >&2; rm -f "/tmp/slurm-lab-apt.$$.log"; die "apt-get failed"; fi
+  rm -f "/tmp/slurm-lab-apt.$$.log"
+}
+
+# The Slurm 24.11 userland: a Debian trixie chroot, built once (debootstrap + apt) and reused.
+build_chroot() {
+  [[ -f "$ROOT/.gpufleet-ready" ]] && return 0
+  [[ "$INSTALL" == auto ]] || die "no trixie chroot at $ROOT (SLURM_LAB_INSTALL=no)"
+  command -v debootstrap >/dev/null || die "debootstrap is not installed (apt-get install debootstrap)"
+  local parent tmp
+  parent=$(dirname "$ROOT"); tmp="$ROOT.tmp"
+  mkdir -p "$parent"
+  exec 9>"$parent/.build.lock"
+  flock 9
+  if [[ ! -f "$ROOT/.gpufleet-ready" ]]; then
+    log "building the Slurm 24.11 chroot at $ROOT (once; about a minute)"
+    if [[ ! -x "$tmp/usr/bin/apt-get" ]]; then
+      rm -rf "$tmp"
+      debootstrap --variant=minbase --include=ca-certificates trixie "$tmp" http://deb.debian.org/debian \
+        >"$parent/debootstrap.log" 2>&1 || { tail -20 "$parent/debootstrap.log" >&2; die "debootstrap failed"; }
+    fi
+    printf '#!/bin/sh\nexit 101\n' >"$tmp/usr/sbin/policy-rc.d"; chmod 755 "$tmp/usr/sbin/policy-rc.d"
+    cp /etc/hosts "$tmp/etc/hosts"; cp /etc/resolv.conf "$tmp/etc/resolv.conf" 2>/dev/null || true
+    # shellcheck disable=SC2016  # expanded by the inner shell
+    unshare --mount --propagation private -- sh -c '
+      mount -t proc proc "$1/proc" && mount --rbind /dev "$1/dev" && mount --rbind /sys "$1/sys" &&
+      chroot "$1" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive \
+        sh -c "apt-get update -qq && apt-get install -y -qq --no-install-recommends \
+               munge slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin"' sh "$tmp" \
+      >"$parent/chroot-apt.log" 2>&1 || { tail -30 "$parent/chroot-apt.log" >&2; die "apt-get in the chroot failed"; }
+    rm -f "$tmp/usr/sbin/policy-rc.d"
+    # shellcheck disable=SC2016  # dpkg-query format
+    chroot "$tmp" dpkg-query -W -f='slurmctld ${Version}\n' slurmctld >"$tmp/.gpufleet-ready"
+    rm -rf "$ROOT"; mv "$tmp" "$ROOT"
+    log "chroot ready: $(cat "$ROOT/.gpufleet-ready")"
+  fi
+  exec 9>&-
+}
+
+# --- configuration -----------------------------------------------------------------------------------------
+# write_if_changed FILE MODE: content on stdin; returns 0 when the file changed.
+write_if_changed() {
+  local file=$1 mode=$2 tmp
+  tmp=$(mktemp "$file.XXXXXX")
+  cat >"$tmp"
+  chmod "$mode" "$tmp"
+  if [[ -f "$file" ]] && cmp -s "$tmp" "$file"; then rm -f "$tmp"; return 1; fi
+  mv -f "$tmp" "$file"
+}
+
+write_programs() {
+  local hook_prefix=""
+  # With a chroot, the hook runs on the host (/.host is the host's root inside the daemons' namespace).
+  [[ -n "$ROOT" ]] && hook_prefix="chroot /.host"
+  write_if_changed "$LAB/bin/healthcheck" 755 <<EOF || true
+#!/usr/bin/env bash
+# Lab HealthCheckProgram: slurmd runs it with an empty environment except SLURMD_NODENAME.
+export PATH=$SYS_PATH
+export SLURM_CONF=$CONF
+node=\${SLURMD_NODENAME:-unknown}
+echo "\$(date +%s.%N) \$node" >>$LAB/log/healthcheck-calls.log
+flag=$LAB/flags/\$node.bad
+if [[ -f "\$flag" ]]; then
+  text=\$(head -c 200 "\$flag" | tr -d '\n')
+  scontrol update NodeName="\$node" State=DRAIN Reason="healthcheck: \${text:-flag file}" || true
+fi
+hook=$LAB/etc/healthcheck.hook
+if [[ -x "\$hook" ]]; then
+  echo "\$(date +%s.%N) \$node hook" >>$LAB/log/healthcheck-calls.log
+  [[ -n "$ROOT" ]] && export PATH=$LAB/bin/wrap:\$PATH
+  exec $hook_prefix /usr/bin/env PATH="\$PATH" SLURM_CONF="\$SLURM_CONF" SLURMD_NODENAME="\$node" "\$hook"
+fi
+exit 0
+EOF
+  write_if_changed "$LAB/bin/fake-reboot" 755 <<EOF || true
+#!/usr/bin/env bash
+# Lab RebootProgram: slurmd runs it through system() holding its config lock, so it returns at once and a
+# detached shell restarts that slurmd with -b ("node rebooted now").
+export PATH=$SYS_PATH
+export SLURM_CONF=$CONF
+pid=\$\$ node="" sd=""
+while [[ "\$pid" -gt 1 ]]; do
+  comm=\$(cat /proc/\$pid/comm 2>/dev/null || true)
+  if [[ "\$comm" == slurmd* ]]; then
+    mapfile -d '' argv </proc/\$pid/cmdline
+    for ((i = 0; i < \${#argv[@]}; i++)); do [[ "\${argv[i]}" == -N ]] && node=\${argv[i+1]}; done
+    sd=\$pid
+    break
+  fi
+  pid=\$(awk '{print \$4}' /proc/\$pid/stat 2>/dev/null || echo 0)
+done
+echo "\$(date +%s.%N) node=\$node slurmd=\$sd args=\$*" >>$LAB/log/reboot-calls.log
+[[ -n "\$node" ]] || exit 1
+setsid bash -c '
+  echo \$\$ >"\$1/run/reboot-\$2.pid"
+  sleep 1
+  kill -TERM "\$3" 2>/dev/null
+  while [ -d "/proc/\$3" ]; do sleep 0.1; done
+  slurmd -f "\$1/etc/slurm.conf" -N "\$2" -b
+  rm -f "\$1/run/reboot-\$2.pid"' fake-reboot "$LAB" "\$node" "\$sd" </dev/null >>$LAB/log/reboot-calls.log 2>&1 &
+exit 0
+EOF
+  if [[ -n "$ROOT" ]]; then
+    write_if_changed "$LAB/bin/chroot-exec" 755 <<EOF || true
+#!/usr/bin/env bash
+# Runs inside a fresh private mount namespace: mount what Slurm needs into the chroot, bind the lab dir at the
+# same path, then exec the command there. 'daemon' also binds the host's root at /.host (for the health hook).
+set -euo pipefail
+root=$ROOT
+mode=\$1; shift
+mount -t proc proc "\$root/proc"
+mount --rbind /dev "\$root/dev"
+mount --bind $LAB "\$root$LAB"
+if [[ "\$mode" == daemon ]]; then
+  mount --rbind /sys "\$root/sys"
+  mount --rbind / "\$root/.host"
+fi
+exec chroot "\$root" /usr/bin/env PATH=$SYS_PATH /bin/sh -c 'cd "\$1" 2>/dev/null || cd /; shift; exec "\$@"' sh "\$PWD" "\$@"
+EOF
+    mkdir -p "$LAB/bin/wrap" "$ROOT$LAB" "$ROOT/.host"
+    local c
+    for c in scontrol sinfo squeue sbatch srun scancel sacct sprio sshare sdiag; do
+      write_if_changed "$LAB/bin/wrap/$c" 755 <<EOF || true
+#!/usr/bin/env bash
+# Slurm $RELEASE client from the lab's chroot ($ROOT).
+export SLURM_CONF=\${SLURM_CONF:-$CONF}
+exec unshare --mount --propagation private -- $LAB/bin/chroot-exec client /usr/bin/$c "\$@"
+EOF
+    done
+  else
+    rm -rf "$LAB/bin/wrap" "$LAB/bin/chroot-exec"
+  fi
+}
+
+write_config() {
+  local d n
+  umask 022
+  for d in etc state spool log run bin flags dev jobs munge; do mkdir -p "$LAB/$d"; chmod 755 "$LAB/$d"; done
+  chmod 755 "$LAB"
+  if [[ ! -s "$LAB/munge/munge.key" ]]; then
+    head -c 1024 /dev/urandom >"$LAB/munge/munge.key"
+  fi
+  chown root:root "$LAB/munge/munge.key"; chmod 400 "$LAB/munge/munge.key"
+  for ((n = 0; n < GPUS; n++)); do ln -sfn /dev/null "$LAB/dev/nvidia$n"; done
+  for n in $(node_names); do mkdir -p "$LAB/spool/$n"; done
+  write_programs
+  if [[ -n "$JWKS" ]]; then
+    [[ -f "$JWKS" ]] || die "SLURM_LAB_JWKS=$JWKS: no such file"
+    write_if_changed "$LAB/etc/jwks.json" 644 <"$JWKS" || true
+  fi
+  if [[ -n "$EXTRA_CONF" && ! -f "$EXTRA_CONF" ]]; then die "SLURM_LAB_EXTRA_CONF=$EXTRA_CONF: no such file"; fi
+  local gpu_files="$LAB/dev/nvidia0"
+  ((GPUS > 1)) && gpu_files="$LAB/dev/nvidia[0-$((GPUS - 1))]"
+  write_if_changed "$LAB/etc/gres.conf" 644 <<EOF || true
+AutoDetect=off
+NodeName=$(hostlist) Name=gpu Type=$GPU_TYPE File=$gpu_files
+EOF
+  local ports
+  ports=$(slurmd_port "${PREFIX}1")
+  ((NODES > 1)) && ports="[$(slurmd_port "${PREFIX}1")-$(slurmd_port "$PREFIX$NODES")]"
+  {
+    cat <<EOF
+# Generated by slurm-lab.sh; rewritten on every start.
+ClusterName=lab
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort=$CTLD_PORT
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$LAB/munge/munge.socket.2
+StateSaveLocation=$LAB/state
+SlurmdSpoolDir=$LAB/spool/%n
+SlurmctldPidFile=$LAB/run/slurmctld.pid
+SlurmdPidFile=$LAB/run/slurmd-%n.pid
+SlurmctldLogFile=$LAB/log/slurmctld.log
+SlurmdLogFile=$LAB/log/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+MailProg=/bin/true
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/filetxt
+JobCompLoc=$LAB/log/jobcomp.log
+MpiDefault=none
+SwitchType=switch/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+GresTypes=gpu
+SlurmdParameters=config_overrides
+ReturnToService=1
+SlurmdTimeout=$SLURMD_TIMEOUT
+SlurmctldTimeout=30
+MessageTimeout=10
+InactiveLimit=0
+KillWait=5
+MinJobAge=300
+RebootProgram=$REBOOT_PROGRAM
+ResumeTimeout=60
+EOF
+    if ((HC_INTERVAL > 0)); then
+      printf 'HealthCheckProgram=%s\nHealthCheckInterval=%s\nHealthCheckNodeState=ANY\n' "$HC_PROGRAM" "$HC_INTERVAL"
+    fi
+    if [[ -n "$JWKS" ]]; then
+      printf 'AuthAltTypes=auth/jwt\nAuthAltParameters=jwks=%s\n' "$LAB/etc/jwks.json"
+    fi
+    echo "NodeName=$(hostlist) NodeHostname=localhost NodeAddr=127.0.0.1 Port=$ports CPUs=$CPUS Boards=1" \
+      "SocketsPerBoard=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=$MEM_MB Gres=gpu:$GPU_TYPE:$GPUS State=UNKNOWN"
+    echo "PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
+    if [[ -n "$EXTRA_CONF" ]]; then echo "# --- $EXTRA_CONF"; cat "$EXTRA_CONF"; fi
+  } >"$CONF.new"
+  CONF_CHANGED=0
+  write_if_changed "$CONF" 644 <"$CONF.new" && CONF_CHANGED=1
+  rm -f "$CONF.new"
+  return 0
+}
+
+# --- daemons -----------------------------------------------------------------------------------------------
+munged_pid() { verified_pid "$LAB/run/munged.pid" /usr/sbin/munged; }
+ctld_pid() { verified_pid "$LAB/run/slurmctld.pid" /usr/sbin/slurmctld; }
+slurmd_pid() { verified_pid "$LAB/run/slurmd-$1.pid" /usr/sbin/slurmd; }
+restd_pid() { verified_pid "$LAB/run/slurmrestd.pid" /usr/sbin/slurmrestd; }
+reboot_pid() { verified_pid "$LAB/run/reboot-$1.pid" /usr/bin/bash; }
+
+start_munged() {
+  munged_pid >/dev/null && return 0
+  daemon /usr/sbin/munged --key-file="$LAB/munge/munge.key" --socket="$LAB/munge/munge.socket.2" \
+    --pid-file="$LAB/run/munged.pid" --log-file="$LAB/log/munged.log" --seed-file="$LAB/munge/munge.seed" \
+    || die "munged failed to start; see $LAB/log/munged.log"
+  local i
+  for ((i = 0; i < 50; i++)); do munged_pid >/dev/null && return 0; sleep 0.1; done
+  die "munged did not write a valid PID file; see $LAB/log/munged.log"
+}
+
+start_slurmctld() {
+  local fresh=$1 i
+  if ctld_pid >/dev/null; then return 0; fi
+  port_busy "$CTLD_PORT" && die "port $CTLD_PORT (slurmctld) is busy: choose another SLURM_LAB_PORT_BASE"
+  local -a args=(-f "$CONF")
+  if ((fresh)); then args+=(-c); rm -f "$LAB"/flags/*.bad; fi
+  daemon /usr/sbin/slurmctld "${args[@]}" || die "slurmctld failed to start; see $LAB/log/slurmctld.log"
+  for ((i = 0; i < 100; i++)); do
+    if ctld_pid >/dev/null && client scontrol ping 2>/dev/null | grep -q 'is UP'; then return 0; fi
+    sleep 0.1
+  done
+  tail -20 "$LAB/log/slurmctld.log" >&2 || true
+  die "slurmctld did not answer 'scontrol ping' within 10 s"
+}
+
+start_slurmd() {
+  local node=$1 port
+  slurmd_pid "$node" >/dev/null && return 0
+  reboot_pid "$node" >/dev/null && return 0
+  port=$(slurmd_port "$node")
+  port_busy "$port" && die "port $port (slurmd $node) is busy: choose another SLURM_LAB_PORT_BASE"
+  mkdir -p "$LAB/spool/$node"
+  daemon /usr/sbin/slurmd -f "$CONF" -N "$node" || die "slurmd $node failed to start; see $LAB/log/slurmd-$node.log"
+}
+
+start_slurmrestd() {
+  [[ -n "$JWKS" ]] || return 0
+  restd_pid >/dev/null && return 0
+  port_busy "$RESTD_PORT" && die "port $RESTD_PORT (slurmrestd) is busy"
+  local plugin=openapi/v0.0.38
+  [[ "$RELEASE" == 24.11 ]] && plugin=openapi/slurmctld
+  # shellcheck disable=SC2016  # expanded by the inner shell
+  SLURM_JWT=daemon daemon setsid bash -c 'echo $$ >"$1"; exec /usr/sbin/slurmrestd -f "$2" -u nobody -g nogroup \
+    -a rest_auth/jwt -s "$3" "127.0.0.1:$4"' restd "$LAB/run/slurmrestd.pid" "$CONF" "$plugin" "$RESTD_PORT" \
+    </dev/null >>"$LAB/log/slurmrestd.log" 2>&1 &
+  local i
+  for ((i = 0; i < 50; i++)); do
+    sleep 0.1
+    restd_pid >/dev/null && port_busy "$RESTD_PORT" && return 0
+  done
+  tail -20 "$LAB/log/slurmrestd.log" >&2 || true
+  die "slurmrestd did not start"
+}
+
+# node_states: "name state" lines from sinfo (one partition, so one line per node).
+node_states() { client sinfo -h -N -o '%N %T' 2>/dev/null | sort -u; }
+
+# wait_nodes MODE: idle = every node idle; responding = registered and answering (no unk, no '*').
+wait_nodes() {
+  local mode=$1 start deadline states bad n s
+  start=$(now_ms); deadline=$(($(date +%s) + TIMEOUT))
+  while :; do
+    states=$(node_states || true)
+    bad=0
+    if [[ $(wc -l <<<"$states") -lt $NODES || -z "$states" ]]; then bad=1; fi
+    while read -r n s; do
+      [[ -z "$n" ]] && continue
+      case "$s" in
+        inval*) die "node $n is INVAL; see $LAB/log/slurmd-$n.log and 'scontrol show node $n'" ;;
+      esac
+      if [[ "$mode" == idle ]]; then
+        [[ "$s" == idle ]] || bad=1
+      else
+        [[ "$s" == unk* || "$s" == *'*' || "$s" == *not_responding* ]] && bad=1
+      fi
+    done <<<"$states"
+    ((bad)) || break
+    if (($(date +%s) >= deadline)); then
+      echo "$states" >&2
+      die "nodes not $mode after ${TIMEOUT}s"
+    fi
+    sleep 0.2
+  done
+  log "all $NODES nodes $mode after $(($(now_ms) - start)) ms"
+}
+
+cmd_start() {
+  local t0 fresh=0 was_running=0
+  t0=$(now_ms)
+  [[ $EUID -eq 0 ]] || die "must run as root"
+  if [[ -n "$ROOT" ]]; then build_chroot; else install_host_packages; fi
+  if [[ -f "$LAB/etc/release" && "$(cat "$LAB/etc/release")" != "$RELEASE" ]] && port_busy "$CTLD_PORT"; then
+    die "the lab in $LAB runs Slurm $(cat "$LAB/etc/release"); stop it first (slurm-lab.sh stop)"
+  fi
+  ctld_pid >/dev/null && was_running=1
+  write_config
+  echo "$RELEASE" >"$LAB/etc/release"
+  start_munged
+  if ((!was_running)) && [[ "$KEEP_STATE" != 1 ]]; then fresh=1; fi
+  start_slurmctld "$fresh"
+  if ((was_running && CONF_CHANGED)); then log "slurm.conf changed: scontrol reconfigure"; client scontrol reconfigure; fi
+  local n
+  for n in $(node_names); do start_slurmd "$n"; done
+  start_slurmrestd
+  if ((fresh)); then wait_nodes idle; else wait_nodes responding; fi
+  log "started in $(($(now_ms) - t0)) ms ($(client scontrol --version), lab $LAB)"
+  cmd_env
+}
+
+cmd_stop() {
+  local t0 jobs i n
+  t0=$(now_ms)
+  if ctld_pid >/dev/null; then
+    jobs=$(client squeue -h -o '%A' 2>/dev/null || true)
+    if [[ -n "$jobs" ]]; then
+      log "cancelling jobs: $(tr '\n' ' ' <<<"$jobs")"
+      # shellcheck disable=SC2086
+      client scancel $jobs 2>/dev/null || true
+      for ((i = 0; i < 100; i++)); do
+        [[ -z "$(client squeue -h -o '%A' 2>/dev/null || true)" ]] && break
+        sleep 0.1
+      done
+    fi
+  fi
+  local -a specs=()
+  for n in $(node_names); do specs+=("fake-reboot $n:$LAB/run/reboot-$n.pid:/usr/bin/bash"); done
+  stop_pids "${specs[@]}"
+  specs=("slurmrestd:$LAB/run/slurmrestd.pid:/usr/sbin/slurmrestd")
+  # Also nodes of an earlier, larger lab in the same directory.
+  local f
+  for f in "$LAB"/run/slurmd-*.pid; do
+    [[ -e "$f" ]] || continue
+    n=${f##*/slurmd-}; n=${n%.pid}
+    specs+=("slurmd $n:$f:/usr/sbin/slurmd")
+  done
+  stop_pids "${specs[@]}"
+  stop_pids "slurmctld:$LAB/run/slurmctld.pid:/usr/sbin/slurmctld"
+  stop_pids "munged:$LAB/run/munged.pid:/usr/sbin/munged"
+  log "stopped in $(($(now_ms) - t0)) ms"
+}
+
+updown() { if "$@" >/dev/null; then echo running; else echo stopped; fi; }
+cmd_status() {
+  local n rc=0
+  printf '%-12s %s\n' munged "$(updown munged_pid)" slurmctld "$(updown ctld_pid)"
+  for n in $(node_names); do printf '%-12s %s\n' "slurmd $n" "$(updown slurmd_pid "$n")"; done
+  if [[ -n "$JWKS" ]]; then printf '%-12s %s\n' slurmrestd "$(updown restd_pid)"; fi
+  if ctld_pid >/dev/null; then client sinfo -N -o '%N %T %G %E' || true; else rc=1; fi
+  return "$rc"
+}
+
+cmd_env() {
+  echo "export SLURM_CONF=$CONF"
+  [[ -n "$ROOT" ]] && echo "export PATH=$LAB/bin/wrap:\$PATH"
+  return 0
+}
+
+cmd_wait() { ctld_pid >/dev/null || die "slurmctld is not running (slurm-lab.sh start)"; wait_nodes responding; }
+
+cmd_clean() {
+  cmd_stop
+  local real
+  real=$(readlink -m "$LAB")
+  case "$real" in
+    "" | / | /var | /tmp | /usr | /etc | /root | /home) die "refusing to delete '$real'" ;;
+  esac
+  [[ "$real" == "$(readlink -m "${TMPDIR:-/tmp}")" ]] && die "refusing to delete the temp directory"
+  rm -rf "$real"
+  log "removed $real"
+}
+
+# --- selftest ----------------------------------------------------------------------------------------------
+state_of() { client sinfo -h -N -n "$1" -o '%T' | head -1; }
+poll_state() { # poll_state NODE WANT SECONDS
+  local node=$1 want=$2 limit=$3 t0 s
+  t0=$(now_ms)
+  while :; do
+    s=$(state_of "$node")
+    [[ "$s" == "$want" ]] && { echo "$(($(now_ms) - t0))"; return 0; }
+    (($(now_ms) - t0 > limit * 1000)) && die "selftest: $node is '$s', expected '$want' within ${limit}s"
+    sleep 0.1
+  done
+}
+step() { printf 'selftest: %-40s %6s ms\n' "$1" "$2"; }
+
+cmd_selftest() {
+  ((NODES >= 3)) || die "selftest needs at least 3 nodes"
+  ctld_pid >/dev/null || die "slurmctld is not running (slurm-lab.sh start)"
+  wait_nodes idle
+  local t0 ms job n2="${PREFIX}2" n3="${PREFIX}3" i
+  t0=$(now_ms)
+  client scontrol update NodeName="$n2" State=DRAIN Reason="xid 79 (selftest)"
+  [[ "$(state_of "$n2")" == drained ]] || die "selftest: $n2 not drained"
+  client sinfo -R -h -o '%N|%E' | grep -Fxq "$n2|xid 79 (selftest)" || die "selftest: reason missing in sinfo -R"
+  client scontrol update NodeName="$n2" State=RESUME
+  poll_state "$n2" idle 10 >/dev/null
+  step "drain + resume $n2" "$(($(now_ms) - t0))"
+
+  t0=$(now_ms)
+  local out
+  # shellcheck disable=SC2016  # expanded in the job
+  out=$(client srun -N "$NODES" -n "$NODES" --gres=gpu:1 bash -c 'echo $SLURMD_NODENAME' | sort | tr '\n' ' ')
+  [[ "$out" == "$(node_names | sort | tr '\n' ' ')" ]] || die "selftest: srun ran on '$out'"
+  step "srun on all $NODES nodes" "$(($(now_ms) - t0))"
+
+  t0=$(now_ms)
+  job=$(client sbatch --parsable -w "$n3" -o /dev/null --wrap 'sleep 30')
+  for ((i = 0; i < 100; i++)); do
+    [[ "$(client squeue -h -j "$job" -o '%T')" == RUNNING ]] && break
+    sleep 0.1
+  done
+  [[ "$(client squeue -h -j "$job" -o '%T')" == RUNNING ]] || die "selftest: job $job not running"
+  client scontrol update NodeName="$n3" State=DRAIN Reason="selftest draining"
+  [[ "$(state_of "$n3")" == draining ]] || die "selftest: $n3 not draining"
+  client scontrol requeue "$job"
+  client scancel "$job"
+  poll_state "$n3" drained 20 >/dev/null
+  client scontrol update NodeName="$n3" State=RESUME
+  poll_state "$n3" idle 10 >/dev/null
+  step "job + drng + requeue on $n3" "$(($(now_ms) - t0))"
+
+  t0=$(now_ms)
+  client scontrol reboot ASAP nextstate=RESUME reason="selftest reboot" "$n3"
+  ms=$(poll_state "$n3" idle 30)
+  step "reboot ASAP $n3" "$ms"
+
+  if ((HC_INTERVAL > 0)) && [[ "$HC_PROGRAM" == "$LAB/bin/healthcheck" ]]; then
+    t0=$(now_ms)
+    echo "xid 79 (selftest flag)" >"$LAB/flags/$n2.bad"
+    poll_state "$n2" drained $((3 * HC_INTERVAL + 2)) >/dev/null
+    rm -f "$LAB/flags/$n2.bad"
+    client scontrol update NodeName="$n2" State=RESUME
+    poll_state "$n2" idle 10 >/dev/null
+    step "health flag -> drained -> resumed $n2" "$(($(now_ms) - t0))"
+  fi
+  wait_nodes idle
+  echo "selftest: OK"
+}
+
+case "${1:-}" in
+  start) cmd_start ;;
+  stop) cmd_stop ;;
+  restart) cmd_stop; cmd_start ;;
+  status) cmd_status ;;
+  env) cmd_env ;;
+  wait) cmd_wait ;;
+  selftest) cmd_selftest ;;
+  clean) cmd_clean ;;
+  *) echo "usage: $0 start|stop|restart|status|env|wait|selftest|clean" >&2; exit 2 ;;
+esac
