@@ -1,0 +1,296 @@
+#!/usr/bin/python
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: slurm_conf
+short_description: Manage keys and NodeName / PartitionName lines in slurm.conf, gres.conf and cgroup.conf
+version_added: "0.1.0"
+description:
+  - Edits a Slurm configuration file in place. Comments, blank lines, the order of lines, spacing,
+    C(\) line continuations and C(Include) lines are kept; only the values that change are rewritten.
+  - Keys are matched case-insensitively, as Slurm reads them. Node and partition names are case-sensitive.
+  - Values of keys the module knows (integers, booleans, enumerations such as C(HealthCheckNodeState) or
+    C(PrologFlags), absolute paths, exit-code lists) are validated, and the whole file is checked before
+    anything is written. A malformed line or a bad value fails with a message that names the line or key and
+    what was expected; the file is then left untouched.
+  - The file is written atomically (temporary file in the same directory, then rename), keeping its mode and
+    owner.
+  - The module never restarts or reconfigures Slurm. It returns RV(reconfigure_needed) and
+    RV(restart_needed) so that a handler can run C(scontrol reconfigure) or report that a restart is due.
+author:
+  - gpufleet.reliability contributors
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+  platform:
+    support: full
+    platforms: posix
+options:
+  path:
+    description:
+      - The configuration file to edit.
+    type: path
+    required: true
+  kind:
+    description:
+      - Which file format O(path) is.
+      - When not given, it is taken from the file name (C(slurm.conf), C(gres.conf), C(cgroup.conf)).
+    type: str
+    choices: [slurm, gres, cgroup]
+  settings:
+    description:
+      - "Global keys to set, as C(Key: value). A value of V(null) removes the key (every occurrence)."
+      - A list value is joined with commas (for example C(PrologFlags)); for C(SlurmctldHost) a list gives one
+        line per host, in order.
+      - Booleans are written as C(YES)/C(NO) in slurm.conf and C(yes)/C(no) in cgroup.conf.
+      - When a key appears more than once, the last occurrence is changed, because that is the one Slurm uses.
+    type: dict
+    default: {}
+  nodes:
+    description:
+      - C(NodeName=...) lines. Each item is a dict of keys for one line and must contain C(NodeName); the line
+        is found by its C(NodeName) value exactly as written (a hostlist such as C(node[1-4]) is one line).
+      - In gres.conf the line is found by C(NodeName) together with C(Name) and C(Type).
+      - The lower-case key C(state) says whether the line is V(present) (default) or V(absent). Slurm's own
+        C(State=) key on a node line must be written with a capital C(S).
+      - With V(present), the given keys are set on the line (a value of V(null) removes that key), other keys
+        on the line are kept, and a missing line is added after the last line of its kind.
+    type: list
+    elements: dict
+    default: []
+  partitions:
+    description:
+      - C(PartitionName=...) lines in slurm.conf, handled like O(nodes) and found by C(PartitionName).
+    type: list
+    elements: dict
+    default: []
+  backup:
+    description:
+      - Copy the old file to a time-stamped backup next to it before writing.
+    type: bool
+    default: false
+  validate:
+    description:
+      - Validate the values of known keys, both the ones given and the ones already in the file.
+      - With V(false) only the syntax is checked.
+    type: bool
+    default: true
+  create:
+    description:
+      - Create O(path) (mode C(0644)) when it does not exist. Otherwise a missing file is an error.
+    type: bool
+    default: false
+notes:
+  - Which changes need a restart instead of C(scontrol reconfigure) follows slurm.conf(5) and gres.conf(5) of
+    Slurm 22.05 (for example C(SlurmctldPort), C(SlurmdPort), C(AuthType), C(AuthAltTypes), C(SelectType),
+    C(ProctrackType), C(GresTypes), C(StateSaveLocation), any change of a C(NodeName) line, gres C(Type) and
+    C(Cores)). The list is in the collection's C(module_utils/slurmconf.py) (C(RESTART_KEYS)).
+  - C(Include) files are not followed; keys set there are not seen.
+seealso:
+  - name: slurm.conf(5)
+    description: The Slurm configuration file.
+    link: https://slurm.schedmd.com/slurm.conf.html
+  - name: gres.conf(5)
+    description: Generic resource configuration.
+    link: https://slurm.schedmd.com/gres.conf.html
+  - module: gpufleet.reliability.slurm_node
+"""
+
+EXAMPLES = r"""
+- name: Health check every 5 minutes on every node, reboots through a program
+  gpufleet.reliability.slurm_conf:
+    path: /etc/slurm/slurm.conf
+    settings:
+      HealthCheckProgram: /opt/gpufleet/bin/gpufleet-healthcheck
+      HealthCheckInterval: 300
+      HealthCheckNodeState: ANY
+      RebootProgram: /usr/sbin/reboot
+      ResumeTimeout: 1800
+      PrologFlags: [Alloc, DeferBatch]
+      SchedulerTimeSlice: null   # remove
+  register: conf
+  notify: Reconfigure slurm
+
+- name: Add a node line and drop an old partition
+  gpufleet.reliability.slurm_conf:
+    path: /etc/slurm/slurm.conf
+    nodes:
+      - NodeName: gpu[001-016]
+        CPUs: 96
+        RealMemory: 1000000
+        Gres: gpu:h100:8
+    partitions:
+      - PartitionName: old
+        state: absent
+    backup: true
+
+- name: Let slurmd find the GPUs through NVML
+  gpufleet.reliability.slurm_conf:
+    path: /etc/slurm/gres.conf
+    settings:
+      AutoDetect: nvml
+"""
+
+RETURN = r"""
+kind:
+  description: The file format that was used.
+  returned: always
+  type: str
+  sample: slurm
+changes:
+  description: What changed, one item per key or line (C(Key), C(NodeName=n1 Port), C(PartitionName=old)).
+  returned: always
+  type: list
+  elements: str
+  sample: [HealthCheckInterval, "PartitionName=old"]
+reconfigure_needed:
+  description: True when the file changed and C(scontrol reconfigure) is enough for the change to take effect.
+  returned: always
+  type: bool
+  sample: true
+restart_needed:
+  description: True when the file changed in a way that needs slurmctld and/or slurmd to be restarted.
+  returned: always
+  type: bool
+  sample: false
+restart_reasons:
+  description: The changed keys or lines that need a restart.
+  returned: always
+  type: list
+  elements: str
+  sample: [SlurmctldPort]
+backup_file:
+  description: Name of the backup of the old file.
+  returned: when O(backup=true) and the file changed
+  type: str
+  sample: /etc/slurm/slurm.conf.2371.2026-12-02@17:20:01~
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.reliability.plugins.module_utils.slurmconf import (
+    ConfFile,
+    SlurmConfError,
+    canonical_key,
+    guess_kind,
+    write_atomic,
+)
+
+
+def _records(module, conf, head, items, option):
+    for number, item in enumerate(items):
+        where = f"{option}[{number}]"
+        attrs = dict(item)
+        state = attrs.pop("state", "present")
+        if state not in ("present", "absent"):
+            module.fail_json(msg=f"{where}.state must be present or absent, got {state!r} (Slurm's own State= key "
+                                 "is written State, with a capital S)")
+        if not any(k.lower() == head for k in attrs):
+            module.fail_json(msg=f"{where}: {canonical_key(conf.kind, head, head)} is required")
+        try:
+            conf.set_record(head, attrs, state)
+        except SlurmConfError as exc:
+            module.fail_json(msg=f"{where}: {exc}")
+
+
+def _describe(conf):
+    out = []
+    for scope, name, key in conf.changes:
+        if scope == "global":
+            text = key
+        else:
+            label = f"{canonical_key(conf.kind, scope, scope)}={name}"
+            text = label if key is None else f"{label} {key}"
+        if text not in out:
+            out.append(text)
+    return out
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            path=dict(type="path", required=True),
+            kind=dict(type="str", choices=["slurm", "gres", "cgroup"]),
+            settings=dict(type="dict", default={}),
+            nodes=dict(type="list", elements="dict", default=[]),
+            partitions=dict(type="list", elements="dict", default=[]),
+            backup=dict(type="bool", default=False),
+            validate=dict(type="bool", default=True),
+            create=dict(type="bool", default=False),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    path = params["path"]
+    kind = params["kind"] or guess_kind(path)
+    if kind is None:
+        module.fail_json(msg=f"kind: cannot tell from the file name {os.path.basename(path)!r} whether it is "
+                             "slurm.conf, gres.conf or cgroup.conf; set kind to slurm, gres or cgroup")
+    if params["partitions"] and kind != "slurm":
+        module.fail_json(msg=f"partitions: PartitionName lines exist only in slurm.conf, not in {kind}.conf")
+
+    exists = os.path.exists(path)
+    if not exists and not params["create"]:
+        module.fail_json(msg=f"path: {path} does not exist (set create=true to create it)")
+    if exists and not os.path.isfile(path):
+        module.fail_json(msg=f"path: {path} is not a regular file")
+    try:
+        if exists:
+            conf = ConfFile.load(path, kind, validate=params["validate"])
+        else:
+            conf = ConfFile("", kind, path=path, validate=params["validate"])
+    except SlurmConfError as exc:
+        module.fail_json(msg=str(exc))
+    except (OSError, UnicodeError) as exc:
+        module.fail_json(msg=f"path: cannot read {path}: {exc}")
+
+    for key, value in params["settings"].items():
+        try:
+            if value is None:
+                conf.remove(key)
+            else:
+                conf.set(key, value)
+        except SlurmConfError as exc:
+            module.fail_json(msg=f"settings.{key}: {exc}")
+    _records(module, conf, "nodename", params["nodes"], "nodes")
+    _records(module, conf, "partitionname", params["partitions"], "partitions")
+
+    before, after = conf.original, conf.render()
+    changed = before != after or not exists
+    if changed:
+        try:
+            ConfFile(after, kind, path=path, validate=params["validate"])  # what we write must read back
+        except SlurmConfError as exc:  # pragma: no cover - guards against editor bugs
+            module.fail_json(msg=f"internal error, nothing written: the edited file does not parse: {exc}")
+    reasons = conf.restart_reasons() if changed else []
+    result = dict(
+        changed=changed,
+        kind=kind,
+        changes=_describe(conf) if changed else [],
+        restart_needed=bool(reasons),
+        restart_reasons=reasons,
+        reconfigure_needed=changed and not reasons,
+    )
+    if module._diff:
+        result["diff"] = dict(before=before, after=after, before_header=path, after_header=path)
+    if changed and not module.check_mode:
+        try:
+            backup_file = write_atomic(path, after, backup=params["backup"])
+        except OSError as exc:
+            module.fail_json(msg=f"path: cannot write {path}: {exc}", **result)
+        if backup_file:
+            result["backup_file"] = backup_file
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
