@@ -1,0 +1,98 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""``gpufleet-oidc``: debug and automation front end of the OIDC core.
+
+* ``validate --config FILE [--user NAME]``: token on stdin; exit 0 and print the mapped local
+  user only for a valid, authorised token, otherwise print the reason to stderr and exit
+  non-zero (2 config, 3 invalid token, 4 not authorised, 5 IdP unavailable without cache).
+* ``device --config FILE [--user NAME]``: run the device grant in the terminal (prints the URL
+  and code), then validate as above; ``--print-token`` prints the token instead of the user.
+* ``jwks --config FILE [--slurm] [--out FILE]``: print (or atomically write) the IdP's public
+  JWKS; ``--slurm`` normalises it for Slurm's auth/jwt (RSA keys only, ``alg`` set on each).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import List, Optional
+
+from .config import load_config
+from .core import Authenticator
+from .errors import OIDCError
+from .slurm import normalise_jwks_for_slurm, write_jwks
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpufleet-oidc", description="OIDC token tools for gpufleet login nodes")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    v = sub.add_parser("validate", help="validate a token read from stdin")
+    v.add_argument("--config", required=True)
+    v.add_argument("--user", help="also require the token to map to this local user")
+    v.add_argument("--claims", action="store_true", help="print the verified claims as JSON after the user")
+    d = sub.add_parser("device", help="log in with the device grant and validate the token")
+    d.add_argument("--config", required=True)
+    d.add_argument("--user")
+    d.add_argument("--print-token", action="store_true")
+    j = sub.add_parser("jwks", help="print or write the IdP's public JWKS")
+    j.add_argument("--config", required=True)
+    j.add_argument("--slurm", action="store_true", help="normalise for Slurm auth/jwt (RSA, alg on every key)")
+    j.add_argument("--out")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        cfg = load_config(args.config)
+        log_lines: List[str] = []
+
+        def log(msg: str) -> None:
+            log_lines.append(msg)
+
+        auth = Authenticator(cfg, log=log)
+        if args.cmd == "validate":
+            token = sys.stdin.read(cfg.max_token_bytes + 2)
+            try:
+                user, claims = auth.check_token(token, args.user)
+            finally:
+                for line in log_lines:
+                    print(f"gpufleet-oidc: {line}", file=sys.stderr)
+            print(user)
+            if args.claims:
+                print(json.dumps(claims, sort_keys=True))
+            return 0
+        if args.cmd == "device":
+            dg = auth.device_grant()
+            grant = dg.start()
+            url = grant.get("verification_uri_complete") or grant["verification_uri"]
+            print(f"Open {url} and confirm the code {grant['user_code']}", file=sys.stderr, flush=True)
+            resp = dg.poll(grant, cfg.device_timeout, first_delay=grant["interval"])
+            token = auth.token_from_response(resp)
+            if args.print_token:
+                print(token)
+                return 0
+            user, _claims = auth.check_token(token, args.user)
+            print(user)
+            return 0
+        if args.cmd == "jwks":
+            st = auth.keys.get_state(force=True)
+            jwks = {"keys": st["keys"]}
+            if args.slurm:
+                jwks = normalise_jwks_for_slurm(jwks)
+            if args.out:
+                changed = write_jwks(args.out, jwks)
+                print("changed" if changed else "unchanged")
+            else:
+                print(json.dumps(jwks, indent=2, sort_keys=True))
+            return 0
+    except OIDCError as e:
+        print(f"gpufleet-oidc: rejected: {e.reason}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+    return 2  # pragma: no cover
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,250 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""YAML configuration: schema, presets (Keycloak, Okta, Entra ID) and validation.
+
+Every error names the offending key. Unknown keys are errors too (a typo such as
+``allowed_group`` must not silently disable the group gate).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from .errors import ConfigError
+
+try:
+    import yaml
+
+    HAS_YAML = True
+    YAML_IMPORT_ERROR = None
+except ImportError as _e:  # pragma: no cover - exercised by ansible-test import sanity
+    HAS_YAML = False
+    YAML_IMPORT_ERROR = _e
+
+#: Only asymmetric JWS algorithms can ever be allowed. ``none`` and HS* are refused at load time
+#: (joserfc accepts ``none`` when it is explicitly allowed, and HS256 keyed with a public key is
+#: the classic key-confusion attack).
+ASYMMETRIC_ALGORITHMS = frozenset(
+    ["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA", "Ed25519"]
+)
+
+#: Presets fill in defaults for a family of IdPs. Explicit keys in the file always win.
+PRESETS: Dict[str, Dict[str, Any]] = {
+    # Keycloak: groups via a "Group Membership" mapper (full path off), realm roles via the
+    # "realm roles" mapper; add an audience mapper so access tokens carry our API audience.
+    "keycloak": {
+        "username_claim": "preferred_username",
+        "groups_claim": "groups",
+        "algorithms": ["RS256", "ES256", "PS256"],
+        "username_lowercase": True,
+    },
+    # Okta: only a *custom* authorization server mints access tokens other APIs can validate
+    # (issuer https://ORG.okta.com/oauth2/<id>); preferred_username is the login (an email).
+    "okta": {
+        "username_claim": "preferred_username",
+        "groups_claim": "groups",
+        "algorithms": ["RS256"],
+        "username_lowercase": True,
+        "username_strip_domains": ["*"],
+    },
+    # Entra ID: v2 issuer https://login.microsoftonline.com/<tenant>/v2.0, audience api://<app>
+    # (never validate Graph tokens), app roles arrive in "roles" (names, not GUIDs), groups in
+    # "groups" are object-id GUIDs and overflow past 200; device code may be blocked by
+    # Conditional Access. UPNs carry the tenant domain.
+    "entra": {
+        "username_claim": "preferred_username",
+        "groups_claim": "roles",
+        "algorithms": ["RS256"],
+        "username_lowercase": True,
+        "username_strip_domains": ["*"],
+    },
+}
+
+DEFAULT_USERNAME_REGEX = r"^[a-z_][a-z0-9_.-]{0,31}$"
+
+
+@dataclass
+class OIDCConfig:
+    issuer: str
+    audiences: List[str]
+    username_claim: str
+    groups_claim: str
+    allowed_groups: List[str]
+    jwks_cache_dir: str
+    preset: Optional[str] = None
+    groups_match: str = "any"
+    denied_groups: List[str] = field(default_factory=list)
+    denied_users: List[str] = field(default_factory=lambda: ["root"])
+    algorithms: List[str] = field(default_factory=lambda: ["RS256", "ES256"])
+    leeway: int = 60
+    max_token_bytes: int = 16384
+    required_typ: List[str] = field(default_factory=list)
+    allowed_azp: List[str] = field(default_factory=list)
+    max_token_age: Optional[int] = None
+    acr_values: List[str] = field(default_factory=list)
+    username_strip_domains: List[str] = field(default_factory=list)
+    username_lowercase: bool = True
+    username_regex: str = DEFAULT_USERNAME_REGEX
+    user_map: Dict[str, str] = field(default_factory=dict)
+    require_local_user: bool = False
+    jwks_uri: Optional[str] = None
+    jwks_ttl: int = 3600
+    metadata_ttl: int = 86400
+    max_stale: int = 7 * 86400
+    min_refresh_interval: int = 30
+    http_timeout: float = 5.0
+    client_id: Optional[str] = None
+    client_secret: Optional[str] = None
+    scope: str = "openid profile email"
+    resource: Optional[str] = None
+    device_timeout: int = 120
+    validate_token: str = "access_token"
+    log_file: Optional[str] = None
+
+
+_REQUIRED = ("issuer", "audience", "username_claim", "groups_claim", "allowed_groups", "jwks_cache_dir")
+
+
+def _str(key: str, v: Any, allow_empty: bool = False) -> str:
+    if not isinstance(v, str) or (not allow_empty and not v.strip()):
+        raise ConfigError(key, f"expected a non-empty string, got {type(v).__name__} {v!r}"[:200])
+    return v
+
+
+def _str_list(key: str, v: Any, allow_empty: bool = True, scalar_ok: bool = False) -> List[str]:
+    if scalar_ok and isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+        raise ConfigError(key, f"expected a list of non-empty strings, got {v!r}"[:200])
+    if not allow_empty and not v:
+        raise ConfigError(key, "expected at least one entry")
+    return list(v)
+
+
+def _int(key: str, v: Any, minimum: int = 0) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ConfigError(key, f"expected an integer >= {minimum}, got {v!r}")
+    return v
+
+
+def _bool(key: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ConfigError(key, f"expected true or false, got {v!r}")
+    return v
+
+
+def _url(key: str, v: Any) -> str:
+    v = _str(key, v)
+    if not re.match(r"^https?://[^\s/]+", v):
+        raise ConfigError(key, f"expected an http(s) URL, got {v!r}")
+    if v.startswith("http://") and not re.match(r"^http://(127\.0\.0\.1|localhost|\[::1\])(:\d+)?(/|$)", v):
+        raise ConfigError(key, "plain http is only allowed for loopback addresses; use https")
+    return v
+
+
+def parse_config(data: Any) -> OIDCConfig:
+    """Validate a mapping (already parsed YAML) and return an :class:`OIDCConfig`."""
+    if not isinstance(data, dict):
+        raise ConfigError("", "the configuration must be a YAML mapping")
+    data = dict(data)
+    known = set(OIDCConfig.__dataclass_fields__) - {"audiences"} | {"audience"}
+    for k in data:
+        if k not in known:
+            raise ConfigError(str(k), "unknown setting")
+    preset = data.get("preset")
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConfigError("preset", f"expected one of {sorted(PRESETS)}, got {preset!r}")
+        merged = dict(PRESETS[preset])
+        merged.update(data)
+        data = merged
+    for k in _REQUIRED:
+        if k not in data or data[k] is None:
+            raise ConfigError(k, "required setting is missing")
+
+    kw: Dict[str, Any] = {"preset": preset}
+    kw["issuer"] = _url("issuer", data["issuer"])  # kept exactly: it must equal the token's iss
+    kw["audiences"] = _str_list("audience", data["audience"], allow_empty=False, scalar_ok=True)
+    kw["username_claim"] = _str("username_claim", data["username_claim"])
+    kw["groups_claim"] = _str("groups_claim", data["groups_claim"])
+    kw["allowed_groups"] = _str_list("allowed_groups", data["allowed_groups"], allow_empty=False)
+    kw["jwks_cache_dir"] = _str("jwks_cache_dir", data["jwks_cache_dir"])
+    if not kw["jwks_cache_dir"].startswith("/"):
+        raise ConfigError("jwks_cache_dir", "expected an absolute path")
+
+    if "groups_match" in data:
+        if data["groups_match"] not in ("any", "all"):
+            raise ConfigError("groups_match", f"expected 'any' or 'all', got {data['groups_match']!r}")
+        kw["groups_match"] = data["groups_match"]
+    for k in ("denied_groups", "required_typ", "allowed_azp", "acr_values", "username_strip_domains"):
+        if k in data:
+            kw[k] = _str_list(k, data[k], scalar_ok=True)
+    if "denied_users" in data:
+        kw["denied_users"] = _str_list("denied_users", data["denied_users"])
+    # root is always denied, whatever the file says.
+    kw["denied_users"] = sorted(set(kw.get("denied_users", ["root"])) | {"root"})
+    if "algorithms" in data:
+        algs = _str_list("algorithms", data["algorithms"], allow_empty=False)
+        bad = [a for a in algs if a not in ASYMMETRIC_ALGORITHMS]
+        if bad:
+            raise ConfigError(
+                "algorithms", f"only asymmetric algorithms are allowed ({', '.join(sorted(ASYMMETRIC_ALGORITHMS))}); "
+                f"refused: {', '.join(bad)}")
+        kw["algorithms"] = algs
+    for k, lo in (("leeway", 0), ("max_token_bytes", 256), ("jwks_ttl", 1), ("metadata_ttl", 1),
+                  ("max_stale", 0), ("min_refresh_interval", 0), ("device_timeout", 1)):
+        if k in data:
+            kw[k] = _int(k, data[k], lo)
+    if kw.get("leeway", 60) > 300:
+        raise ConfigError("leeway", "more than 300 seconds of clock skew is not accepted")
+    if "max_token_age" in data and data["max_token_age"] is not None:
+        kw["max_token_age"] = _int("max_token_age", data["max_token_age"], 1)
+    if "http_timeout" in data:
+        v = data["http_timeout"]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 60:
+            raise ConfigError("http_timeout", f"expected a number of seconds in (0, 60], got {v!r}")
+        kw["http_timeout"] = float(v)
+    for k in ("username_lowercase", "require_local_user"):
+        if k in data:
+            kw[k] = _bool(k, data[k])
+    if "username_regex" in data:
+        rx = _str("username_regex", data["username_regex"])
+        try:
+            re.compile(rx)
+        except re.error as e:
+            raise ConfigError("username_regex", f"not a valid regular expression: {e}")
+        kw["username_regex"] = rx
+    if "user_map" in data:
+        m = data["user_map"]
+        if not isinstance(m, dict) or not all(isinstance(a, str) and isinstance(b, str) and a and b
+                                              for a, b in m.items()):
+            raise ConfigError("user_map", "expected a mapping of IdP user name -> local user name (strings)")
+        kw["user_map"] = dict(m)
+    if data.get("jwks_uri") is not None:
+        kw["jwks_uri"] = _url("jwks_uri", data["jwks_uri"])
+    for k in ("client_id", "client_secret", "resource", "log_file"):
+        if data.get(k) is not None:
+            kw[k] = _str(k, data[k])
+    if "scope" in data:
+        kw["scope"] = _str("scope", data["scope"])
+    if "validate_token" in data:
+        if data["validate_token"] not in ("access_token", "id_token"):
+            raise ConfigError("validate_token",
+                              f"expected 'access_token' or 'id_token', got {data['validate_token']!r}")
+        kw["validate_token"] = data["validate_token"]
+    return OIDCConfig(**kw)
+
+
+def load_config(path: str) -> OIDCConfig:
+    """Read and validate a YAML configuration file."""
+    if not HAS_YAML:
+        raise ConfigError("", f"PyYAML is required to read {path}: {YAML_IMPORT_ERROR}")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except OSError as e:
+        raise ConfigError("", f"cannot read configuration {path}: {e.strerror}")
+    except yaml.YAMLError as e:
+        raise ConfigError("", f"configuration {path} is not valid YAML: {e}")
+    return parse_config(data)

@@ -1,0 +1,112 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""RFC 8628 device authorization grant client on authlib's generic OAuth2Client.
+
+authlib builds the token request body, does client authentication (basic / post / none) and
+turns error responses into ``OAuth2Error``; the transport is :class:`http.UrllibSession`.
+Polling honours ``interval`` (default 5 s, RFC 8628 section 3.2), adds 5 s on ``slow_down``
+(section 3.5) and stops at the earlier of the code's ``expires_in`` and our own deadline.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Dict, Optional
+
+from . import http
+from .errors import DeviceFlowError, IdPUnavailable
+
+try:
+    from authlib.oauth2.base import OAuth2Error
+    from authlib.oauth2.client import OAuth2Client
+    from authlib.oauth2.rfc8628 import DEVICE_CODE_GRANT_TYPE
+
+    HAS_AUTHLIB = True
+    AUTHLIB_IMPORT_ERROR = None
+except ImportError as _e:  # pragma: no cover - exercised by ansible-test import sanity
+    HAS_AUTHLIB = False
+    AUTHLIB_IMPORT_ERROR = _e
+    DEVICE_CODE_GRANT_TYPE = "urn:ietf:params:oauth:grant-type:device_code"
+
+
+class DeviceGrant:
+    def __init__(self, metadata: Dict[str, Any], client_id: str, client_secret: Optional[str] = None,
+                 scope: str = "openid", resource: Optional[str] = None, http_timeout: float = 5.0,
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic):
+        if not HAS_AUTHLIB:
+            raise DeviceFlowError(f"authlib is required for the device grant: {AUTHLIB_IMPORT_ERROR}")
+        for k in ("device_authorization_endpoint", "token_endpoint"):
+            if not isinstance(metadata.get(k), str):
+                raise DeviceFlowError(f"the IdP does not advertise {k} (device grant unsupported)")
+        self.meta = metadata
+        self.resource = resource
+        self.sleep = sleep
+        self.clock = clock
+        self.client = OAuth2Client(http.UrllibSession(timeout=http_timeout), client_id=client_id,
+                                   client_secret=client_secret, scope=scope)
+        #: number of token-endpoint polls and the final interval (for tests)
+        self.polls = 0
+        self.interval = 5.0
+
+    def start(self) -> Dict[str, Any]:
+        """Device authorization request. Returns the IdP's response (user_code, verification_uri, ...)."""
+        c = self.client
+        data = {"client_id": c.client_id, "scope": c.scope}
+        if self.resource:
+            data["resource"] = self.resource
+        auth = c.client_auth(c.token_endpoint_auth_method)
+        resp = c.session.post(self.meta["device_authorization_endpoint"], data=data, auth=auth)
+        try:
+            body = resp.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise IdPUnavailable(f"device authorization: HTTP {resp.status_code}, no JSON body")
+        if "error" in body:
+            # e.g. Entra AADSTS50199/53003 when Conditional Access blocks the device code flow
+            raise DeviceFlowError(f"device authorization refused: {body.get('error')}: "
+                                  f"{str(body.get('error_description', ''))[:160]}")
+        for k in ("device_code", "user_code", "verification_uri"):
+            if not isinstance(body.get(k), str):
+                raise DeviceFlowError(f"device authorization response lacks {k}")
+        iv = body.get("interval", 5)
+        body["interval"] = iv if isinstance(iv, (int, float)) and not isinstance(iv, bool) and iv > 0 else 5
+        ex = body.get("expires_in", 600)
+        body["expires_in"] = ex if isinstance(ex, (int, float)) and not isinstance(ex, bool) and ex > 0 else 600
+        return body
+
+    def poll(self, grant: Dict[str, Any], timeout: float, first_delay: float = 0.0) -> Dict[str, Any]:
+        """Poll the token endpoint until a token, a terminal error or the deadline."""
+        started = self.clock()
+        deadline = started + min(float(timeout), float(grant["expires_in"]))
+        self.interval = float(grant["interval"])
+        delay = first_delay
+        while True:
+            if self.clock() + delay > deadline:
+                raise DeviceFlowError("device login timed out before approval")
+            if delay:
+                self.sleep(delay)
+            self.polls += 1
+            kw = {"device_code": grant["device_code"]}
+            if self.resource:
+                kw["resource"] = self.resource
+            try:
+                return self.client.fetch_token(self.meta["token_endpoint"], grant_type=DEVICE_CODE_GRANT_TYPE,
+                                               **kw)
+            except OAuth2Error as e:
+                err = e.error
+                if err == "authorization_pending":
+                    delay = self.interval
+                    continue
+                if err == "slow_down":
+                    self.interval += 5
+                    delay = self.interval
+                    continue
+                if err == "access_denied":
+                    raise DeviceFlowError("device login denied by the user")
+                if err == "expired_token":
+                    raise DeviceFlowError("device code expired before approval")
+                raise DeviceFlowError(f"device grant failed: {err}")
+            except http.HTTPStatusError as e:
+                raise IdPUnavailable(f"token endpoint error: HTTP {e.status}")
+            except ValueError as e:
+                raise IdPUnavailable(f"token endpoint answered without JSON: {e}"[:200])

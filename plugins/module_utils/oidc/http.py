@@ -1,0 +1,110 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Small HTTP transport on the standard library (no requests/httpx needed on login nodes).
+
+``UrllibSession`` offers the subset of the requests.Session interface that authlib's generic
+``OAuth2Client`` uses (``post``/``request`` returning an object with ``status_code``, ``json()``
+and ``raise_for_status()``), so authlib does the OAuth parts (client authentication, token
+request bodies, error parsing) while this module only moves bytes.
+"""
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Dict, Optional
+
+from .errors import IdPUnavailable
+
+MAX_BODY = 1024 * 1024  # 1 MiB is far more than any discovery document, JWKS or token response
+
+
+class HTTPStatusError(Exception):
+    def __init__(self, status: int, url: str):
+        super().__init__(f"HTTP {status} from {url}")
+        self.status = status
+
+
+class Response:
+    def __init__(self, status_code: int, body: bytes, url: str):
+        self.status_code = status_code
+        self.content = body
+        self.url = url
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content.decode("utf-8"))
+
+    def raise_for_status(self) -> None:
+        if self.status_code >= 400:
+            raise HTTPStatusError(self.status_code, self.url)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: D401 - urllib API
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect, urllib.request.ProxyHandler({}))
+
+
+def request(method: str, url: str, data: Optional[bytes] = None, headers: Optional[Dict[str, str]] = None,
+            timeout: float = 5.0) -> Response:
+    """One HTTP request. Network failures raise :class:`IdPUnavailable`; HTTP errors return a Response."""
+    req = urllib.request.Request(url, data=data, method=method, headers=dict(headers or {}))
+    try:
+        with _OPENER.open(req, timeout=timeout) as resp:
+            return Response(resp.status, resp.read(MAX_BODY + 1)[:MAX_BODY], url)
+    except urllib.error.HTTPError as e:
+        try:
+            body = e.read(MAX_BODY)
+        except Exception:
+            body = b""
+        return Response(e.code, body, url)
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        raise IdPUnavailable(f"cannot reach {url}: {reason}")
+
+
+def get_json(url: str, timeout: float = 5.0) -> Any:
+    resp = request("GET", url, headers={"Accept": "application/json"}, timeout=timeout)
+    if resp.status_code != 200:
+        raise IdPUnavailable(f"HTTP {resp.status_code} from {url}")
+    try:
+        return resp.json()
+    except ValueError:
+        raise IdPUnavailable(f"response from {url} is not JSON")
+
+
+class UrllibSession:
+    """The part of requests.Session that authlib.oauth2.client.OAuth2Client calls."""
+
+    def __init__(self, timeout: float = 5.0):
+        self.timeout = timeout
+
+    def post(self, url: str, data: Any = None, headers: Optional[Dict[str, str]] = None, auth: Any = None,
+             **_kw: Any) -> Response:
+        return self.request("POST", url, data=data, headers=headers, auth=auth)
+
+    def request(self, method: str, url: str, data: Any = None, headers: Optional[Dict[str, str]] = None,
+                auth: Any = None, withhold_token: bool = False, **_kw: Any) -> Response:
+        headers = dict(headers or {})
+        if isinstance(data, dict):
+            body = urllib.parse.urlencode(data)
+        else:
+            body = data or ""
+        if auth is not None and hasattr(auth, "prepare"):
+            url, headers, body = auth.prepare(method, url, headers, body)
+        headers.setdefault("Accept", "application/json")
+        if method.upper() == "POST":
+            headers.setdefault("Content-Type", "application/x-www-form-urlencoded")
+        raw = body.encode("utf-8") if isinstance(body, str) else body
+        return request(method, url, data=raw if method.upper() != "GET" else None, headers=headers,
+                       timeout=self.timeout)
+
+    def close(self) -> None:  # authlib calls this on some paths
+        pass

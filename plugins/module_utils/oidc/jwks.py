@@ -1,0 +1,276 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Discovery and a JWKS cache on disk shared by every login process.
+
+One JSON file per issuer under ``jwks_cache_dir`` (directory 0700, file 0600, owned by the
+running user, written atomically). It holds the discovery document, the public keys and
+three time stamps:
+
+* ``metadata_fetched_at`` / ``jwks_fetched_at``: fresh for ``metadata_ttl`` / ``jwks_ttl``;
+  past that a refresh is tried, and when the IdP is unreachable the stale copy is still used
+  for up to ``max_stale`` seconds (logins survive IdP outages);
+* ``refresh_attempt_at``: an unknown ``kid`` triggers a refresh only when the last attempt is
+  older than ``min_refresh_interval``. The stamp is written *before* fetching and lives in the
+  shared file, so a flood of forged kids costs the IdP at most one request per interval across
+  all processes.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import stat
+import tempfile
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+from . import http
+from .errors import ConfigError, IdPUnavailable, TokenRejected
+
+#: JWS alg -> (kty, crv or None)
+ALG_KTY = {
+    "RS256": ("RSA", None), "RS384": ("RSA", None), "RS512": ("RSA", None),
+    "PS256": ("RSA", None), "PS384": ("RSA", None), "PS512": ("RSA", None),
+    "ES256": ("EC", "P-256"), "ES384": ("EC", "P-384"), "ES512": ("EC", "P-521"),
+    "EdDSA": ("OKP", None), "Ed25519": ("OKP", "Ed25519"),
+}
+
+
+def public_keys_only(jwks: Any) -> List[Dict[str, Any]]:
+    """Keep signature keys of type RSA/EC/OKP, drop private parts; never accept ``oct`` keys."""
+    if not isinstance(jwks, dict) or not isinstance(jwks.get("keys"), list):
+        raise IdPUnavailable("JWKS document has no 'keys' list")
+    out = []
+    private = {"d", "p", "q", "dp", "dq", "qi", "oth", "k"}
+    for k in jwks["keys"]:
+        if not isinstance(k, dict) or k.get("kty") not in ("RSA", "EC", "OKP"):
+            continue
+        if k.get("use", "sig") != "sig":
+            continue
+        out.append({n: v for n, v in k.items() if n not in private})
+    return out
+
+
+def ensure_private_dir(path: str) -> None:
+    """Create the cache directory 0700, or check an existing one is ours and not group/other-writable."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.stat(path)
+    except OSError as e:
+        raise ConfigError("jwks_cache_dir", f"cannot create {path}: {e.strerror}")
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigError("jwks_cache_dir", f"{path} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise ConfigError("jwks_cache_dir", f"{path} is owned by uid {st.st_uid}, not {os.geteuid()}")
+    if st.st_mode & 0o022:
+        raise ConfigError("jwks_cache_dir", f"{path} is writable by group or others (mode {st.st_mode & 0o777:o})")
+
+
+def atomic_write_json(path: str, data: Any, mode: int = 0o600) -> None:
+    d = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+class JWKSCache:
+    """Keys for one issuer, from memory, the disk cache or the IdP (in that order)."""
+
+    def __init__(self, issuer: str, cache_dir: str, jwks_uri: Optional[str] = None, jwks_ttl: int = 3600,
+                 metadata_ttl: int = 86400, max_stale: int = 7 * 86400, min_refresh_interval: int = 30,
+                 http_timeout: float = 5.0, clock: Callable[[], float] = time.time,
+                 log: Optional[Callable[[str], None]] = None):
+        self.issuer = issuer
+        self.cache_dir = cache_dir
+        self.jwks_uri_override = jwks_uri
+        self.jwks_ttl = jwks_ttl
+        self.metadata_ttl = metadata_ttl
+        self.max_stale = max_stale
+        self.min_refresh_interval = min_refresh_interval
+        self.http_timeout = http_timeout
+        self.clock = clock
+        self.log = log or (lambda _m: None)
+        name = hashlib.sha256(issuer.encode("utf-8")).hexdigest()[:24]
+        self.path = os.path.join(cache_dir, f"issuer-{name}.json")
+        self.state: Optional[Dict[str, Any]] = None
+        #: number of HTTP fetches this object made (for tests/benchmarks)
+        self.fetches = 0
+
+    @classmethod
+    def from_config(cls, cfg: Any, log: Optional[Callable[[str], None]] = None) -> JWKSCache:
+        return cls(cfg.issuer, cfg.jwks_cache_dir, cfg.jwks_uri, cfg.jwks_ttl, cfg.metadata_ttl, cfg.max_stale,
+                   cfg.min_refresh_interval, cfg.http_timeout, log=log)
+
+    # ---------------------------------------------------------------- disk
+    def _load(self) -> Optional[Dict[str, Any]]:
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            self.log(f"ignoring cache file {self.path}: not a private regular file of uid {os.geteuid()}")
+            return None
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except (OSError, ValueError):
+            self.log(f"ignoring unreadable cache file {self.path}")
+            return None
+        if not isinstance(data, dict) or data.get("issuer") != self.issuer or not isinstance(data.get("keys"), list):
+            return None
+        return data
+
+    def _save(self, data: Dict[str, Any]) -> None:
+        ensure_private_dir(self.cache_dir)
+        try:
+            atomic_write_json(self.path, data)
+        except OSError as e:
+            self.log(f"cannot write cache {self.path}: {e}")
+
+    @contextlib.contextmanager
+    def _locked(self):
+        ensure_private_dir(self.cache_dir)
+        fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    # ---------------------------------------------------------------- network
+    def discovery_url(self) -> str:
+        return self.issuer.rstrip("/") + "/.well-known/openid-configuration"
+
+    def fetch_metadata(self) -> Dict[str, Any]:
+        self.fetches += 1
+        meta = http.get_json(self.discovery_url(), timeout=self.http_timeout)
+        if not isinstance(meta, dict):
+            raise IdPUnavailable("discovery document is not a JSON object")
+        # OIDC Discovery 1.0 section 4.3: the document's issuer must be exactly ours.
+        if meta.get("issuer") != self.issuer:
+            raise IdPUnavailable(f"discovery issuer {meta.get('issuer')!r} != configured {self.issuer!r}")
+        return meta
+
+    def _fetch_all(self, old: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+        now = self.clock()
+        meta = old.get("metadata") if old else None
+        meta_at = old.get("metadata_fetched_at", 0) if old else 0
+        if not self.jwks_uri_override and (not meta or now - meta_at > self.metadata_ttl):
+            meta = self.fetch_metadata()
+            meta_at = now
+        uri = self.jwks_uri_override or (meta or {}).get("jwks_uri")
+        if not isinstance(uri, str) or not uri:
+            raise IdPUnavailable("discovery document has no jwks_uri")
+        self.fetches += 1
+        keys = public_keys_only(http.get_json(uri, timeout=self.http_timeout))
+        return {"issuer": self.issuer, "metadata": meta, "metadata_fetched_at": meta_at, "keys": keys,
+                "jwks_fetched_at": now, "refresh_attempt_at": now}
+
+    # ---------------------------------------------------------------- API
+    def seed(self, jwks: Dict[str, Any], metadata: Optional[Dict[str, Any]] = None) -> None:
+        """Install keys obtained out of band (air-gapped sites, tests) as a fresh cache entry."""
+        now = self.clock()
+        st = {"issuer": self.issuer, "metadata": metadata, "metadata_fetched_at": now if metadata else 0,
+              "keys": public_keys_only(jwks), "jwks_fetched_at": now, "refresh_attempt_at": now}
+        with self._locked():
+            self._save(st)
+        self.state = st
+
+    def metadata(self) -> Dict[str, Any]:
+        """The discovery document (cached like the keys)."""
+        st = self.get_state()
+        if st.get("metadata"):
+            return st["metadata"]
+        return self.fetch_metadata()
+
+    def get_state(self, force: bool = False) -> Dict[str, Any]:
+        """Return usable cached state, refreshing when stale; fail closed when nothing usable exists."""
+        now = self.clock()
+        st = self.state or self._load()
+        if st is not None and not force and now - st.get("jwks_fetched_at", 0) <= self.jwks_ttl:
+            self.state = st
+            return st
+        with self._locked():
+            disk = self._load()  # another process may have refreshed while we waited
+            if disk is not None and not force and now - disk.get("jwks_fetched_at", 0) <= self.jwks_ttl:
+                self.state = disk
+                return disk
+            st = disk or st
+            try:
+                new = self._fetch_all(st)
+            except IdPUnavailable as e:
+                if st is not None and now - st.get("jwks_fetched_at", 0) <= self.jwks_ttl + self.max_stale:
+                    self.log(f"IdP unreachable ({e.reason}); using cached keys from "
+                             f"{int(now - st.get('jwks_fetched_at', 0))} s ago")
+                    self.state = st
+                    return st
+                raise IdPUnavailable(f"no usable signing keys: {e.reason}")
+            self._save(new)
+            self.state = new
+            return new
+
+    def _refresh_for_unknown_kid(self, kid: str) -> Optional[Dict[str, Any]]:
+        with self._locked():
+            st = self._load() or self.state
+            now = self.clock()
+            last = st.get("refresh_attempt_at", 0) if st else 0
+            if st is not None and any(k.get("kid") == kid for k in st["keys"]):
+                self.state = st
+                return st  # another process already fetched it
+            if st is not None and now - last < self.min_refresh_interval:
+                self.log(f"unknown kid {kid!r}: refresh skipped (last attempt {int(now - last)} s ago, "
+                         f"min_refresh_interval {self.min_refresh_interval} s)")
+                return None
+            if st is not None:
+                st = dict(st)
+                st["refresh_attempt_at"] = now
+                self._save(st)  # stamp first: concurrent forged kids see it and do not fetch
+                self.state = st
+            try:
+                new = self._fetch_all(st)
+            except IdPUnavailable as e:
+                self.log(f"unknown kid {kid!r}: refresh failed: {e.reason}")
+                return None
+            self._save(new)
+            self.state = new
+            self.log(f"unknown kid {kid!r}: JWKS refreshed ({len(new['keys'])} keys)")
+            return new
+
+    def find_key(self, kid: Optional[str], alg: str) -> Dict[str, Any]:
+        """The public JWK for ``kid`` that fits ``alg``; one rate-limited refresh for an unknown kid."""
+        kty, crv = ALG_KTY[alg]
+        st = self.get_state()
+        key = self._select(st["keys"], kid, kty, crv, alg)
+        if key is None and kid is not None:
+            st2 = self._refresh_for_unknown_kid(kid)
+            if st2 is not None:
+                key = self._select(st2["keys"], kid, kty, crv, alg)
+        if key is None:
+            raise TokenRejected(f"unknown signing key (kid={kid!r}, alg={alg})")
+        return key
+
+    @staticmethod
+    def _select(keys: List[Dict[str, Any]], kid: Optional[str], kty: str, crv: Optional[str],
+                alg: str) -> Optional[Dict[str, Any]]:
+        cands = [k for k in keys if k.get("kty") == kty and (crv is None or k.get("crv") == crv)
+                 and k.get("alg") in (None, alg)]
+        if alg == "EdDSA":
+            cands = [k for k in cands if k.get("crv") in ("Ed25519", "Ed448")]
+        if kid is not None:
+            cands = [k for k in cands if k.get("kid") == kid]
+        elif len(cands) != 1:
+            return None  # no kid: only unambiguous when exactly one key could fit
+        return cands[0] if cands else None

@@ -1,0 +1,43 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""JWKS for Slurm's auth/jwt plugin.
+
+Slurm 22.05 skips JWKS keys without ``"alg": "RS256"`` (Entra publishes none), uses only RSA
+keys, and older releases choke on ``x5c``; 26.05 stops fatal()ing on non-RSA keys. So: keep
+RSA signature keys with a kid, set ``alg`` to RS256, keep only kty/kid/use/alg/n/e.
+Slurm checks only the signature and ``exp`` (no iss/aud, no leeway), so the file must hold
+keys of a dedicated IdP realm/tenant only.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict
+
+from .jwks import atomic_write_json
+
+
+def normalise_jwks_for_slurm(jwks: Dict[str, Any]) -> Dict[str, Any]:
+    keys = []
+    for k in jwks.get("keys", []):
+        if not isinstance(k, dict) or k.get("kty") != "RSA" or not k.get("kid"):
+            continue
+        if k.get("use", "sig") != "sig" or k.get("alg", "RS256") != "RS256":
+            continue
+        if not isinstance(k.get("n"), str) or not isinstance(k.get("e"), str):
+            continue
+        keys.append({"kty": "RSA", "kid": k["kid"], "use": "sig", "alg": "RS256", "n": k["n"], "e": k["e"]})
+    keys.sort(key=lambda x: x["kid"])
+    return {"keys": keys}
+
+
+def write_jwks(path: str, jwks: Dict[str, Any], mode: int = 0o400) -> bool:
+    """Write atomically when the content differs. Returns True when the file changed."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            if json.load(fh) == jwks and (os.stat(path).st_mode & 0o777) == mode:
+                return False
+    except (OSError, ValueError):
+        pass
+    atomic_write_json(path, jwks, mode=mode)
+    return True

@@ -1,0 +1,114 @@
+"""The on-disk JWKS cache (permissions, atomic writes, stale use, fail closed) and the CLI."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+
+import pytest
+import yaml
+from oidc_forge import AUD, ISSUER, claims_for, public_jwks, sign
+
+from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc import cli
+from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.errors import ConfigError, IdPUnavailable
+from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.jwks import JWKSCache
+from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.slurm import normalise_jwks_for_slurm
+
+
+def test_cache_file_is_private_and_atomic(seeded):
+    cfg, cache = seeded()
+    st = os.stat(cfg.jwks_cache_dir)
+    assert stat.S_IMODE(st.st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(cache.path).st_mode) == 0o600
+    leftovers = [n for n in os.listdir(cfg.jwks_cache_dir) if n.startswith(".tmp-")]
+    assert leftovers == []
+    with open(cache.path) as fh:
+        data = json.load(fh)
+    assert {k["kid"] for k in data["keys"]} == {"rs-1", "es-1"}
+    assert all("d" not in k for k in data["keys"])  # never private parts
+
+
+def test_group_writable_cache_dir_refused(make_cfg, private_jwks, tmp_path):
+    cfg = make_cfg()
+    os.makedirs(cfg.jwks_cache_dir)
+    os.chmod(cfg.jwks_cache_dir, 0o777)
+    with pytest.raises(ConfigError, match="writable by group or others"):
+        JWKSCache.from_config(cfg).seed(public_jwks(private_jwks))
+
+
+def test_stale_cache_used_within_max_stale_then_fail_closed(seeded):
+    cfg, cache = seeded(jwks_ttl=60, max_stale=3600)
+    t0 = cache.state["jwks_fetched_at"]
+    later = JWKSCache.from_config(cfg)
+    later.clock = lambda: t0 + 1800  # stale, IdP (127.0.0.1:9) unreachable, inside max_stale
+    assert later.find_key("rs-1", "RS256")["kid"] == "rs-1"
+    assert later.fetches == 1
+    much_later = JWKSCache.from_config(cfg)
+    much_later.clock = lambda: t0 + 60 + 3600 + 1
+    with pytest.raises(IdPUnavailable, match="no usable signing keys"):
+        much_later.find_key("rs-1", "RS256")
+
+
+def test_no_cache_fail_closed(make_cfg):
+    with pytest.raises(IdPUnavailable):
+        JWKSCache.from_config(make_cfg()).find_key("rs-1", "RS256")
+
+
+def test_tampered_cache_file_ignored(seeded):
+    cfg, cache = seeded()
+    os.chmod(cache.path, 0o644)  # someone loosened it: do not trust it
+    with pytest.raises(IdPUnavailable):
+        JWKSCache.from_config(cfg).find_key("rs-1", "RS256")
+
+
+def _cfgfile(tmp_path, base_conf):
+    p = tmp_path / "oidc.yml"
+    p.write_text(yaml.safe_dump(base_conf))
+    return str(p)
+
+
+def _run(monkeypatch, capsys, argv, stdin):
+    monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+    rc = cli.main(argv)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_cli_validate(tmp_path, base_conf, seeded, private_jwks, monkeypatch, capsys):
+    seeded()
+    path = _cfgfile(tmp_path, base_conf)
+    good = sign(private_jwks, claims_for(ISSUER, AUD, user="alice"))
+    rc, out, err = _run(monkeypatch, capsys, ["validate", "--config", path], good + "\n")
+    assert (rc, out.strip()) == (0, "alice"), err
+    rc, out, err = _run(monkeypatch, capsys, ["validate", "--config", path, "--user", "bob"], good)
+    assert rc == 4 and out == "" and "!= login user" in err
+    rc, out, err = _run(monkeypatch, capsys, ["validate", "--config", path],
+                        sign(private_jwks, claims_for(ISSUER, "urn:x")))
+    assert rc == 3 and out == "" and "invalid claim: aud" in err
+    rc, out, err = _run(monkeypatch, capsys, ["validate", "--config", path],
+                        sign(private_jwks, claims_for(ISSUER, AUD, groups=["students"])))
+    assert rc == 4 and "not in any allowed group" in err
+
+
+def test_cli_config_error_names_key(tmp_path, base_conf, monkeypatch, capsys):
+    path = _cfgfile(tmp_path, dict(base_conf, algorithms=["HS256"]))
+    rc, out, err = _run(monkeypatch, capsys, ["validate", "--config", path], "x")
+    assert rc == 2 and "'algorithms'" in err and out == ""
+
+
+def test_cli_no_cache_idp_down(tmp_path, base_conf, private_jwks, monkeypatch, capsys):
+    path = _cfgfile(tmp_path, base_conf)
+    rc, out, err = _run(monkeypatch, capsys, ["validate", "--config", path],
+                        sign(private_jwks, claims_for(ISSUER, AUD)))
+    assert rc == 5 and out == "" and "no usable signing keys" in err
+
+
+def test_slurm_normalisation(private_jwks):
+    pub = public_jwks(private_jwks)
+    for k in pub["keys"]:
+        k.pop("alg", None)  # like Entra
+        k["x5c"] = ["MIIC..."]
+    out = normalise_jwks_for_slurm(pub)
+    assert [k["kid"] for k in out["keys"]] == ["rs-1"]
+    assert out["keys"][0]["alg"] == "RS256" and "x5c" not in out["keys"][0]
