@@ -186,6 +186,21 @@ def _port(value):
 _port.kind = "int"
 
 
+def _node_ports(value):
+    """Port= of a NodeName line: one port, or for a hostlist of nodes a list like [6818-6821,6830]."""
+    text = str(value).strip()
+    inner = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    try:
+        for item in inner.split(","):
+            _port(item)
+    except ValueError:
+        raise ValueError("a TCP port 1-65535, or ports like [6818-6821,6830] for a list of nodes")
+    return text
+
+
+_node_ports.kind = "int"
+
+
 def _count(value):
     text = str(value).strip()
     if not re.fullmatch(r"[0-9]+[KMGTPkmgtp]?", text):
@@ -303,7 +318,7 @@ RECORD_ATTRS = {
         "nodename": ("NodeName", None),
         "nodeaddr": ("NodeAddr", None),
         "nodehostname": ("NodeHostname", None),
-        "port": ("Port", _port),
+        "port": ("Port", _node_ports),
         "cpus": ("CPUs", _int(1)),
         "boards": ("Boards", _int(1)),
         "socketsperboard": ("SocketsPerBoard", _int(1)),
@@ -529,7 +544,7 @@ class Entry:
             body, _eol = _split_eol(line)
             code = body[: _comment_start(body)]
             cont = _continuation(code)
-            if cont >= 0 and index < len(self.lines) - 1:
+            if cont >= 0:
                 segments.append((index, 0, cont))
             else:
                 segments.append((index, 0, len(code)))
@@ -792,8 +807,14 @@ class ConfFile:
             position = self.entries.index(before)
         if position > 0:
             prev = self.entries[position - 1]
-            if prev.lines and not _split_eol(prev.lines[-1])[1]:
-                prev.lines[-1] += self._newline()
+            body, eol = _split_eol(prev.lines[-1])
+            code = body[: _comment_start(body)]
+            cont = _continuation(code)
+            if cont >= 0:
+                # a continuation at the end of the file continues nothing; it would swallow the new line
+                body = body[:cont] + body[cont + 1:]
+            if cont >= 0 or not eol:
+                prev.lines[-1] = body + (eol or self._newline())
                 prev.parse()
         eol = self._newline()
         entry = Entry([text + eol], 0)
