@@ -5,6 +5,7 @@
     gpufleet-startup run --scripts-dir DIR --state-dir DIR [--phase PHASE] [--json PATH|-]
                          [--role worker|login|controller] [--node NAME | --slurm]
                          [--health-cmd CMD] [--log-file PATH] [--journal auto|on|off]
+    gpufleet-startup gate --state-dir DIR      (slurmd's ExecStartPre: may slurmd start?)
 
 Each script runs in its own session (so its own process group) with stdin from /dev/null and stdout+stderr in
 STATE_DIR/output/NAME.log. At its timeout the whole group gets SIGTERM, then SIGKILL after --kill-grace seconds.
@@ -30,13 +31,14 @@ import struct
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from .scripts import NODE_ROLES, PHASES, MetaError, ScriptMeta, atomic_write, discover
 
 REASON_PREFIX = "gpufleet: startup"
 HEALTH_STEP = "health-check"
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
+LAST_RUN = "last-run.json"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_SLURM = 0, 1, 2, 3
 
 
@@ -328,6 +330,7 @@ class Runner:
         args = self.args
         report: Dict[str, Any] = {
             "version": 1, "started": _now(), "scripts_dir": self.scripts_dir, "state_dir": self.state_dir,
+            "runner": os.path.abspath(__file__),
             "phase": args.phase or "all", "role": args.role, "node": args.node, "boot_id": self.boot_id,
             "scripts": [], "errors": [], "health": None, "slurm": None, "failed": None,
         }
@@ -420,11 +423,40 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--tail-lines", type=int, default=40, help="lines of output kept in log and JSON (default 40)")
     run.add_argument("--boot-id", help=argparse.SUPPRESS)
     run.add_argument("--quiet", action="store_true", help="no log lines on stderr")
+    gate_p = sub.add_parser("gate", help="exit 0 when slurmd may start (this boot's run passed, or failed and "
+                                         "the node is drained); for slurmd's ExecStartPre")
+    gate_p.add_argument("--state-dir", required=True)
+    gate_p.add_argument("--boot-id", help=argparse.SUPPRESS)
     return parser
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+def gate(state_dir: str, boot_id: str) -> Tuple[int, str]:
+    """Decide whether slurmd may start (its ExecStartPre): (exit status, message).
+
+    slurmd may start when this boot's run passed, or when it failed and the node was drained (or was already
+    drained by someone else), so that the node registers but takes no jobs. It may not start when there is no
+    report for this boot or when a failed run could not drain the node.
+    """
+    path = os.path.join(state_dir, LAST_RUN)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            report = json.load(handle)
+    except (OSError, ValueError) as exc:
+        return EXIT_FAILED, f"no usable startup report {path}: {exc}; slurmd must not start"
+    if report.get("boot_id") != boot_id:
+        return EXIT_FAILED, (f"startup report {path} is from boot {report.get('boot_id')}, not this boot "
+                             f"{boot_id}; slurmd must not start")
+    if report.get("ok"):
+        return EXIT_OK, "startup passed this boot"
+    slurm = report.get("slurm") or {}
+    if slurm.get("action") in ("drain", "kept") and not slurm.get("error"):
+        return EXIT_OK, (f"startup failed at {report.get('failed')}; node {slurm.get('node')} is drained "
+                         f"({slurm.get('reason')}), slurmd may start")
+    return EXIT_FAILED, (f"startup failed at {report.get('failed')} and the node could not be drained "
+                         f"({slurm.get('error') or 'no Slurm node configured'}); slurmd must not start")
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
     if args.slurm and not args.node:
         args.node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     if args.tail_lines < 1 or args.health_timeout < 1 or args.kill_grace < 0:
@@ -457,6 +489,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             log.close()
         report["log_errors"] = log.errors
         text = json.dumps(report, indent=2, sort_keys=True) + "\n"
+        atomic_write(os.path.join(state_dir, LAST_RUN), text.encode("utf-8"), 0o644)
         if args.json == "-":
             sys.stdout.write(text)
             sys.stdout.flush()
@@ -469,6 +502,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         return EXIT_OK
     finally:
         lock.close()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "gate":
+        code, message = gate(os.path.abspath(args.state_dir), args.boot_id or read_boot_id())
+        sys.stderr.write(f"gpufleet-startup gate: {message}\n")
+        return code
+    return _cmd_run(args)
 
 
 if __name__ == "__main__":

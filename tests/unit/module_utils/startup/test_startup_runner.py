@@ -230,3 +230,20 @@ def test_a_second_concurrent_run_is_refused(scripts, tmp_path):
     assert not (tmp_path / "ran").exists()
     assert runner.main(scripts.argv()) == 0
     assert (tmp_path / "ran").exists()
+
+
+def test_gate_lets_slurmd_start_only_after_a_good_run_this_boot(scripts, tmp_path, capsys):
+    gate = ["gate", "--state-dir", str(scripts.state)]
+    assert runner.main(gate + ["--boot-id", "b1"]) == 1  # no report at all
+    assert "no usable startup report" in capsys.readouterr().err
+    flag = tmp_path / "fixed"
+    scripts.add("check", f'[ -e "{flag}" ]')
+    assert runner.main(scripts.argv("--boot-id", "b1")) == 1
+    assert json.loads((scripts.state / "last-run.json").read_text())["failed"] == "check"
+    assert runner.main(gate + ["--boot-id", "b1"]) == 1  # failed and no Slurm node drained
+    assert "could not be drained" in capsys.readouterr().err
+    flag.touch()
+    assert runner.main(scripts.argv("--boot-id", "b1")) == 0
+    assert runner.main(gate + ["--boot-id", "b1"]) == 0
+    assert runner.main(gate + ["--boot-id", "b2"]) == 1  # last report is from another boot
+    assert "not this boot" in capsys.readouterr().err
