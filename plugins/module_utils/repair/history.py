@@ -1,0 +1,254 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A node's repair history, small enough to live in its Slurm ``Extra``/``Comment`` field.
+
+Serialised as one line of JSON with short keys, integer epoch seconds and one-letter codes::
+
+    {"gf":1,"n":3,"i":{"id":3,"c":"gm","k":"xid48","g":3,"t":1764680000,
+     "s":[["g",1764680300,"f"],["b",1764680400,null]]},"r":"g1764680300,b1764680400",
+     "p":"gl1764000000","cd":1764000900}
+
+- ``gf``: format version (and the mark that the field is ours); ``n``: incidents opened so far.
+- ``i``: the open incident: id, failure class, finding code, GPU index, first seen, steps
+  ``[action, started, outcome]`` with outcome ``o`` ok, ``f`` failed, ``t`` timed out, ``null`` pending;
+  ``e`` when it was escalated, ``sp`` the spare brought in for it, ``hk`` hook called (action codes).
+- ``r``: repair steps started (any incident), ``<action code><time>`` comma-separated, for budgets
+  and escalation.
+- ``p``: past incidents, ``<class code><first seen>`` comma-separated, for lemon detection.
+- ``cd``: no new repair before this time (cooldown after a repair).
+
+Lists are pruned to the longest configured window and capped, so the text stays short (docs/repair.md
+gives measured sizes). Everything a decision depends on is in here, so a decision is reproducible from
+the history, the health report, the node state, the fleet counts and the config.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Tuple
+
+from .model import ACTION_CODE, CLASS_CODE, CODE_ACTION, CODE_CLASS, REPAIR_STEPS, RepairError
+
+VERSION = 1
+MAX_REPAIRS = 8
+MAX_PAST = 8
+MAX_CODE = 32
+OUTCOMES = {"o": "ok", "f": "failed", "t": "timeout"}
+OUTCOME_CODES = {v: k for k, v in OUTCOMES.items()}
+
+
+class HistoryError(RepairError):
+    """The stored text is not a gpufleet repair history."""
+
+
+@dataclass
+class Step:
+    action: str
+    started: int
+    outcome: Optional[str] = None  # None (pending), "ok", "failed", "timeout"
+
+
+@dataclass
+class Incident:
+    id: int
+    failure_class: str
+    code: str
+    gpu: Optional[int]
+    first_seen: int
+    steps: List[Step] = field(default_factory=list)
+    escalated: Optional[int] = None
+    spare: Optional[str] = None
+    hooks: List[str] = field(default_factory=list)
+
+    def tried(self, action: str) -> bool:
+        return any(s.action == action for s in self.steps)
+
+    def pending(self) -> Optional[Step]:
+        if self.steps and self.steps[-1].outcome is None:
+            return self.steps[-1]
+        return None
+
+
+@dataclass
+class History:
+    seq: int = 0
+    incident: Optional[Incident] = None
+    repairs: List[Tuple[int, str]] = field(default_factory=list)
+    past: List[Tuple[int, str]] = field(default_factory=list)
+    cooldown_until: Optional[int] = None
+
+    # -- queries --------------------------------------------------------------------------------
+    def repairs_since(self, since: float) -> List[Tuple[int, str]]:
+        return [r for r in self.repairs if r[0] >= since]
+
+    def incidents_since(self, since: float) -> int:
+        n = sum(1 for p in self.past if p[0] >= since)
+        if self.incident is not None and self.incident.first_seen >= since:
+            n += 1
+        return n
+
+    # -- changes (all return nothing; callers copy first) -----------------------------------------
+    def open(self, failure_class: str, code: str, gpu: Optional[int], first_seen: float) -> Incident:
+        self.seq += 1
+        self.incident = Incident(
+            id=self.seq, failure_class=failure_class, code=code, gpu=gpu, first_seen=int(first_seen)
+        )
+        return self.incident
+
+    def start(self, action: str, now: float) -> None:
+        if self.incident is None:
+            raise HistoryError(f"history: no open incident to start {action} in")
+        self.incident.steps.append(Step(action, int(now)))
+        if action in REPAIR_STEPS:
+            self.repairs.append((int(now), action))
+
+    def finish(self, outcome: str) -> bool:
+        """Set the outcome of the pending step. Returns False when no step was pending."""
+        if outcome not in OUTCOME_CODES:
+            raise HistoryError("outcome: expected one of {}, got {!r}".format(", ".join(OUTCOME_CODES), outcome))
+        step = self.incident.pending() if self.incident else None
+        if step is None:
+            return False
+        step.outcome = outcome
+        return True
+
+    def close(self, now: float, cooldown_s: float) -> None:
+        inc = self.incident
+        if inc is None:
+            return
+        if any(s.action in REPAIR_STEPS for s in inc.steps):
+            self.cooldown_until = int(now + cooldown_s)
+        self.past.append((inc.first_seen, inc.failure_class))
+        self.incident = None
+
+    def prune(self, now: float, keep_s: float, cap: int = 0) -> None:
+        """Forget entries older than ``keep_s`` and keep at most max(cap, MAX_*) of each list."""
+        cut = now - keep_s
+        self.repairs = sorted(r for r in self.repairs if r[0] >= cut)[-max(cap, MAX_REPAIRS) :]
+        self.past = sorted(p for p in self.past if p[0] >= cut)[-max(cap, MAX_PAST) :]
+        if self.cooldown_until is not None and self.cooldown_until <= now:
+            self.cooldown_until = None
+
+    def copy(self) -> History:
+        return loads(dumps(self))
+
+
+def dumps(h: History) -> str:
+    d: dict = {"gf": VERSION, "n": h.seq}
+    inc = h.incident
+    if inc is not None:
+        i: dict = {
+            "id": inc.id,
+            "c": CLASS_CODE[inc.failure_class],
+            "k": inc.code[:MAX_CODE],
+            "t": inc.first_seen,
+            "s": [
+                [ACTION_CODE[s.action], s.started, OUTCOME_CODES.get(s.outcome) if s.outcome else None]
+                for s in inc.steps
+            ],
+        }
+        if inc.gpu is not None:
+            i["g"] = inc.gpu
+        if inc.escalated is not None:
+            i["e"] = inc.escalated
+        if inc.spare:
+            i["sp"] = inc.spare
+        if inc.hooks:
+            i["hk"] = "".join(ACTION_CODE[a] for a in inc.hooks)
+        d["i"] = i
+    if h.repairs:
+        d["r"] = ",".join(f"{ACTION_CODE[a]}{t}" for t, a in h.repairs)
+    if h.past:
+        d["p"] = ",".join(f"{CLASS_CODE[c]}{t}" for t, c in h.past)
+    if h.cooldown_until is not None:
+        d["cd"] = h.cooldown_until
+    return json.dumps(d, separators=(",", ":"), sort_keys=True)
+
+
+def is_ours(text: Optional[str]) -> bool:
+    """True when ``text`` is empty (nothing to lose) or a gpufleet history."""
+    if text is None or not str(text).strip():
+        return True
+    try:
+        d = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(d, dict) and "gf" in d
+
+
+def _int(v: Any, where: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise HistoryError(f"history {where}: expected a number, got {v!r}")
+    return int(v)
+
+
+def _entries(v: Any, where: str) -> List[str]:
+    if v is None or v == "":
+        return []
+    if not isinstance(v, str):
+        raise HistoryError(f"history {where}: expected a comma-separated string, got {v!r}")
+    return v.split(",")
+
+
+def _num(v: str, where: str) -> int:
+    if not v.isdigit():
+        raise HistoryError(f"history {where}: expected a number, got {v!r}")
+    return int(v)
+
+
+def loads(text: Optional[str]) -> History:
+    """Parse a stored history; empty text is an empty history. Raises HistoryError for foreign text."""
+    if isinstance(text, History):
+        return text
+    if text is None or not str(text).strip():
+        return History()
+    try:
+        d = json.loads(text)
+    except ValueError as exc:
+        raise HistoryError(f"history: not JSON ({exc}); the field holds something that is not ours")
+    if not isinstance(d, dict) or "gf" not in d:
+        raise HistoryError("history: no 'gf' key; the field holds something that is not ours")
+    if d["gf"] != VERSION:
+        raise HistoryError("history: version {!r}, expected {}".format(d["gf"], VERSION))
+    try:
+        h = History(seq=_int(d.get("n", 0), "n"))
+        i = d.get("i")
+        if i is not None:
+            steps = []
+            for s in i.get("s", []):
+                outcome = OUTCOMES[s[2]] if s[2] is not None else None
+                steps.append(Step(CODE_ACTION[s[0]], _int(s[1], "i.s"), outcome))
+            h.incident = Incident(
+                id=_int(i["id"], "i.id"),
+                failure_class=CODE_CLASS[i["c"]],
+                code=str(i.get("k", "")),
+                gpu=_int(i["g"], "i.g") if i.get("g") is not None else None,
+                first_seen=_int(i["t"], "i.t"),
+                steps=steps,
+                escalated=_int(i["e"], "i.e") if i.get("e") is not None else None,
+                spare=i.get("sp"),
+                hooks=[CODE_ACTION[c] for c in i.get("hk", "")],
+            )
+        h.repairs = [(_num(e[1:], "r"), CODE_ACTION[e[0]]) for e in _entries(d.get("r"), "r")]
+        h.past = [(_num(e[2:], "p"), CODE_CLASS[e[:2]]) for e in _entries(d.get("p"), "p")]
+        if d.get("cd") is not None:
+            h.cooldown_until = _int(d["cd"], "cd")
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+        raise HistoryError(f"history: malformed ({type(exc).__name__}: {exc})")
+    return h
+
+
+def record_outcome(
+    text: Optional[str], outcome: str, now: float, cooldown_s: float = 1800.0, close: Optional[bool] = None
+) -> str:
+    """Record a verification result for the pending step of ``text`` and return the new text.
+
+    ``outcome`` is ok, failed or timeout. An ``ok`` closes the incident (the node is back in service)
+    unless ``close`` is False; the cooldown starts then.
+    """
+    h = loads(text)
+    h.finish(outcome)
+    if close if close is not None else outcome == "ok":
+        h.close(now, cooldown_s)
+    return dumps(h)

@@ -1,0 +1,705 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The repair policy: ``plan(fleet, attention, config, now) -> Plan`` (a list of Decision).
+
+The fleet comes in as counts (per partition and per failure domain) and only the nodes that need
+attention come in as records, so the cost of a plan grows with the number of sick nodes, never with
+the size of the fleet. Rules, in the order they apply to one node (docs/repair.md has the table):
+
+1. history field not ours -> hold; drained or down by someone else -> hold (never touched).
+2. a step in progress -> wait, until a fresh report verifies it (ok -> resume) or it times out.
+3. healthy -> resume when drained by us (closes the incident, starts the cooldown).
+4. escalated -> hold until a person takes the node back.
+5. circuit breaker tripped -> hold (everything, fleet-wide, until a person resets it).
+6. flap suppression: the finding must persist ``ttl`` -> wait.
+7. still in service -> drain (blast radius permitting); jobs still running -> wait.
+8. cooldown after a repair -> wait.
+9. lemon (N incidents in M days) -> replace; N repairs in M days -> escalate; attempts per incident
+   used up -> escalate.
+10. next rung of the class's ladder, starting from the report's action, one step of each kind per
+    incident; none left -> escalate.
+11. retry budget (attempts per window) -> wait; blast radius -> hold; approval mode -> needs approval.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
+
+from .classify import check_report, classify
+from .config import RepairConfig
+from .history import History, HistoryError, dumps, is_ours, loads
+from .model import (
+    ACTIONS,
+    CHANGING_ACTIONS,
+    REPAIR_STEPS,
+    SEVERITY,
+    BreakerState,
+    Decision,
+    HookCall,
+    Plan,
+    RepairError,
+    SpareMove,
+)
+
+_BUSY_STATES = {"ALLOCATED", "ALLOC", "MIXED", "MIX", "COMPLETING", "COMP"}
+_REBOOT_FLAGS = {"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"}
+_OUT_FLAGS = {"DRAIN", "FAIL"}
+
+
+# ------------------------------------------------------------------------------------------------
+# inputs
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class Counts:
+    total: int
+    available: int
+    unavailable: int
+    spares: List[Optional[str]] = field(default_factory=list)
+
+
+def _counts(d: Any, where: str) -> Counts:
+    if not isinstance(d, Mapping):
+        raise RepairError(f"{where}: expected a mapping with total, available, unavailable")
+    vals = {}
+    for key in ("total", "available", "unavailable"):
+        v = d.get(key)
+        if v is None and key == "unavailable" and isinstance(vals.get("total"), int):
+            v = vals["total"] - vals["available"]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise RepairError(f"{where}.{key}: expected an integer >= 0, got {v!r}")
+        vals[key] = v
+    spares: List[Optional[str]] = []
+    raw = d.get("spares_idle", [])
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        spares = [None] * raw
+    elif isinstance(raw, (list, tuple)) and all(isinstance(s, str) for s in raw):
+        spares = sorted(raw)
+    else:
+        raise RepairError(f"{where}.spares_idle: expected a list of idle spare node names or a count, got {raw!r}")
+    return Counts(vals["total"], vals["available"], vals["unavailable"], spares)
+
+
+@dataclass
+class Fleet:
+    total: int
+    partitions: Dict[str, Counts]
+    domains: Dict[str, Dict[str, Counts]]
+
+    @classmethod
+    def parse(cls, fleet: Any) -> Fleet:
+        if not isinstance(fleet, Mapping):
+            raise RepairError(f"fleet: expected a mapping with partitions (and domains), got {type(fleet).__name__}")
+        parts_raw = fleet.get("partitions") or {}
+        if not isinstance(parts_raw, Mapping):
+            raise RepairError("fleet.partitions: expected a mapping of partition name to counts")
+        parts = {str(k): _counts(v, f"fleet.partitions.{k}") for k, v in parts_raw.items()}
+        doms: Dict[str, Dict[str, Counts]] = {}
+        doms_raw = fleet.get("domains") or {}
+        if not isinstance(doms_raw, Mapping):
+            raise RepairError("fleet.domains: expected a mapping of domain kind (rack, switch) to domains")
+        for kind, members in doms_raw.items():
+            if not isinstance(members, Mapping):
+                raise RepairError(f"fleet.domains.{kind}: expected a mapping of domain name to counts")
+            doms[str(kind)] = {str(n): _counts(c, f"fleet.domains.{kind}.{n}") for n, c in members.items()}
+        total = fleet.get("total")
+        if total is None:
+            total = sum(c.total for c in parts.values())
+        if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+            raise RepairError(f"fleet.total: expected an integer >= 0, got {total!r}")
+        return cls(total, parts, doms)
+
+
+@dataclass
+class Node:
+    name: str
+    partitions: Tuple[str, ...]
+    domains: Dict[str, str]
+    report: Optional[Mapping[str, Any]]
+    report_time: Optional[float]
+    base: str
+    flags: frozenset
+    reason: str
+    reason_user: str
+    reason_time: Optional[float]
+    history_text: Optional[str]
+
+    @classmethod
+    def parse(cls, d: Any, i: int) -> Node:
+        if not isinstance(d, Mapping):
+            raise RepairError(f"attention[{i}]: expected a mapping (name, partition, report, state, ...)")
+        name = d.get("name")
+        if not isinstance(name, str) or not name:
+            raise RepairError(f"attention[{i}].name: expected a node name, got {name!r}")
+        where = f"attention[{name}]"
+        parts = d.get("partitions", d.get("partition"))
+        if isinstance(parts, str):
+            parts = (parts,)
+        if not isinstance(parts, (list, tuple, frozenset, set)) or not all(isinstance(p, str) for p in parts):
+            raise RepairError(f"{where}.partition: expected a partition name (or partitions: a list), got {parts!r}")
+        domains = d.get("domains") or {}
+        if not isinstance(domains, Mapping):
+            raise RepairError(f"{where}.domains: expected a mapping like {{rack: r1, switch: s1}}")
+        state = d.get("state") or ""
+        if not isinstance(state, str):
+            raise RepairError(f"{where}.state: expected a Slurm state string, got {state!r}")
+        words = [w for w in state.upper().replace("*", "").split("+") if w]
+        base = words[0] if words else "UNKNOWN"
+        flags = set(words[1:])
+        raw_flags = d.get("flags") or ()
+        if isinstance(raw_flags, str):
+            raw_flags = [f for f in raw_flags.replace(",", "+").split("+") if f]
+        if not isinstance(raw_flags, (list, tuple, set, frozenset)):
+            raise RepairError(f"{where}.flags: expected a list of Slurm state flags, got {raw_flags!r}")
+        flags |= {str(f).upper() for f in raw_flags}
+        # sinfo's compound words
+        if base in ("DRAINED", "DRAIN"):
+            base, flags = "IDLE", flags | {"DRAIN"}
+        elif base == "DRAINING":
+            base, flags = "ALLOCATED", flags | {"DRAIN"}
+        hist = d.get("history")
+        if hist is not None and not isinstance(hist, (str, History)):
+            raise RepairError(f"{where}.history: expected the stored history text, got {type(hist).__name__}")
+        return cls(
+            name=name,
+            partitions=tuple(sorted(parts)),
+            domains={str(k): str(v) for k, v in domains.items()},
+            report=d.get("report"),
+            report_time=_opt_time(d.get("report_time"), where + ".report_time"),
+            base=base,
+            flags=frozenset(flags),
+            reason=str(d.get("reason") or ""),
+            reason_user=str(d.get("reason_user") or ""),
+            reason_time=_opt_time(d.get("reason_time"), where + ".reason_time"),
+            history_text=dumps(hist) if isinstance(hist, History) else hist,
+        )
+
+    # state helpers
+    @property
+    def out_of_service(self) -> bool:
+        return self.base == "DOWN" or bool(self.flags & _OUT_FLAGS)
+
+    @property
+    def busy(self) -> bool:
+        return self.base in _BUSY_STATES or "COMPLETING" in self.flags
+
+    @property
+    def rebooting(self) -> bool:
+        return bool(self.flags & _REBOOT_FLAGS)
+
+
+def _opt_time(v: Any, where: str) -> Optional[float]:
+    if v is None or v == 0:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise RepairError(f"{where}: expected epoch seconds, got {v!r}")
+    return float(v)
+
+
+def _approvals(raw: Any) -> Set[Tuple[str, str, str]]:
+    out: Set[Tuple[str, str, str]] = set()
+    for i, a in enumerate(raw or ()):
+        if isinstance(a, str):
+            parts = a.split(":")
+        elif isinstance(a, Mapping):
+            parts = [a.get("node"), a.get("action"), a.get("incident")]
+        elif isinstance(a, (list, tuple)):
+            parts = list(a)
+        else:
+            parts = []
+        if len(parts) != 3 or not all(p is not None and str(p) for p in parts) or parts[1] not in ACTIONS:
+            raise RepairError(
+                "approvals[{}]: expected (node, action, incident) or 'node:action:incident' "
+                "with an action from {}, got {!r}".format(i, ", ".join(ACTIONS), a)
+            )
+        out.add((str(parts[0]), str(parts[1]), str(parts[2])))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# the plan
+# ------------------------------------------------------------------------------------------------
+class _Ctx:
+    """Fleet-wide counters that the decisions of one plan consume, oldest incident first."""
+
+    def __init__(self, fleet: Fleet, config: RepairConfig, nodes: List[Node]):
+        self.fleet = fleet
+        self.config = config
+        self.new_unavailable: Dict[Tuple[str, str], int] = {}  # drains planned this run
+        self.active: Dict[Tuple[str, str], int] = {}  # nodes acted on (in progress + started now)
+        self.parallel = 0
+        self.spares: Dict[str, List[Optional[str]]] = {p: list(c.spares) for p, c in fleet.partitions.items()}
+        self.spares_taken: Set[str] = set()
+
+    def _groups(self, node: Node):
+        for p in node.partitions:
+            c = self.fleet.partitions.get(p)
+            if c is not None:
+                yield ("partition", p), c, self.config.max_unavailable
+        for kind, dom in node.domains.items():
+            c = self.fleet.domains.get(kind, {}).get(dom)
+            limit = self.config.domain_limits.get(kind)
+            if c is not None and limit is not None:
+                yield (kind, dom), c, limit
+
+    def limit(self, counts: Counts, limit) -> int:
+        n = limit.of(counts.total)
+        if limit.share is not None:
+            n = max(1, n)
+        return n
+
+    def min_healthy_block(self, node: Node) -> Optional[str]:
+        for p in node.partitions:
+            c = self.fleet.partitions.get(p)
+            if c is None or c.total == 0:
+                continue
+            need = int(math.ceil(self.config.min_healthy * c.total - 1e-9))
+            avail = c.available - self.new_unavailable.get(("partition", p), 0)
+            if avail < need:
+                return (
+                    f"partition {p} has {avail} of {c.total} nodes available, "
+                    f"below min_healthy {self.config.min_healthy * 100:g}% ({need}): automation waits"
+                )
+        return None
+
+    def drain_block(self, node: Node) -> Optional[str]:
+        msg = self.min_healthy_block(node)
+        if msg:
+            return msg
+        for key, c, limit in self._groups(node):
+            n = self.limit(c, limit)
+            after = c.unavailable + self.new_unavailable.get(key, 0) + 1
+            if after > n:
+                return f"draining would make {after} nodes unavailable in {key[0]} {key[1]} (limit {n})"
+        # the last available node of a partition is never drained by automation
+        for p in node.partitions:
+            c = self.fleet.partitions.get(p)
+            if c is not None and c.available - self.new_unavailable.get(("partition", p), 0) <= 1 and c.total > 1:
+                return f"partition {p} would have no available node left"
+        return None
+
+    def repair_block(self, node: Node) -> Optional[str]:
+        msg = self.min_healthy_block(node)
+        if msg:
+            return msg
+        for key, c, limit in self._groups(node):
+            n = self.limit(c, limit)
+            if self.active.get(key, 0) + 1 > n:
+                return f"{self.active.get(key, 0)} nodes already under repair in {key[0]} {key[1]} (limit {n})"
+        if self.config.max_parallel is not None and self.parallel + 1 > self.config.max_parallel:
+            return f"max_parallel {self.config.max_parallel} repairs already started in this run"
+        return None
+
+    def take_drain(self, node: Node) -> None:
+        for key, _c, _l in self._groups(node):
+            self.new_unavailable[key] = self.new_unavailable.get(key, 0) + 1
+
+    def take_active(self, node: Node, started_now: bool) -> None:
+        for key, _c, _l in self._groups(node):
+            self.active[key] = self.active.get(key, 0) + 1
+        if started_now:
+            self.parallel += 1
+
+    def release(self, node: Node) -> None:
+        for key, _c, _l in self._groups(node):
+            self.active[key] = max(0, self.active.get(key, 0) - 1)
+
+    def take_spare(self, node: Node) -> Optional[SpareMove]:
+        for p in node.partitions:
+            pool = self.spares.get(p) or []
+            while pool:
+                s = pool.pop(0)
+                if s is None or s not in self.spares_taken:
+                    if s is not None:
+                        self.spares_taken.add(s)
+                    return SpareMove(spare=s, partition=p, for_node=node.name)
+        return None
+
+
+def _first_seen(node: Node, hist: History, ours: bool, now: float) -> float:
+    if hist.incident is not None:
+        return float(hist.incident.first_seen)
+    t = now
+    if ours and node.reason_time is not None:
+        t = min(t, node.reason_time)
+    return t
+
+
+def _key(node: str, incident: str, action: str) -> str:
+    return "gpufleet-" + hashlib.sha256((f"{node}/{incident}/{action}").encode()).hexdigest()[:24]
+
+
+def plan(
+    fleet: Any, attention: Iterable[Any], config: Any, now: float, *, approvals: Any = (), breaker: Any = None
+) -> Plan:
+    """Decide what to do with every node that needs attention. Pure: changes nothing.
+
+    ``config`` is a RepairConfig or a plain dict (validated). ``approvals`` is an iterable of
+    (node, action, incident) approvals; ``breaker`` the persisted BreakerState (or its dict).
+    The returned Plan's ``breaker`` is the state to persist.
+    """
+    if not isinstance(config, RepairConfig):
+        config = RepairConfig.from_dict(config)
+    if isinstance(now, bool) or not isinstance(now, (int, float)):
+        raise RepairError(f"now: expected epoch seconds, got {now!r}")
+    fl = Fleet.parse(fleet)
+    nodes = [Node.parse(d, i) for i, d in enumerate(attention or [])]
+    seen: Set[str] = set()
+    for n in nodes:
+        if n.name in seen:
+            raise RepairError(f"attention: node {n.name} appears twice")
+        seen.add(n.name)
+    approved = _approvals(approvals)
+    brk = BreakerState.from_dict(breaker)
+    ctx = _Ctx(fl, config, nodes)
+    keep = max(config.budget_window_s, config.escalate_window_s, config.lemon_window_s, config.history_keep_s)
+    cap = max(config.budget_attempts, config.escalate_repairs, config.lemon_incidents) + 1
+
+    # Parse histories and reports up front (errors name the node).
+    prepared = []
+    for n in nodes:
+        where = f"attention[{n.name}].report"
+        verdict, action, code, gpu = check_report(n.report, where)
+        if not is_ours(n.history_text):
+            prepared.append((n, None, verdict, action, code, gpu, now))
+            continue
+        try:
+            hist = loads(n.history_text)
+        except HistoryError as exc:
+            raise RepairError(f"attention[{n.name}].history: {exc}")
+        hist.prune(now, keep, cap)
+        ours = n.out_of_service and n.reason.startswith(config.reason_prefix)
+        prepared.append((n, hist, verdict, action, code, gpu, _first_seen(n, hist, ours, now)))
+
+    # Circuit breaker: distinct nodes failing, first seen within the window (and after the last reset).
+    notes: List[str] = []
+    if config.breaker_enabled and not brk.tripped:
+        since = now - config.breaker_window_s
+        if brk.reset_at is not None:
+            since = max(since, brk.reset_at)
+        failing = sorted(
+            n.name for n, h, verdict, _a, _c, _g, t0 in prepared if verdict in ("unhealthy", "unknown") and t0 >= since
+        )
+        threshold = max(config.breaker_min_nodes, int(math.ceil(config.breaker_fraction * fl.total - 1e-9)))
+        if len(failing) >= threshold:
+            brk = BreakerState(
+                tripped=True,
+                since=float(now),
+                nodes=failing,
+                reason=f"{len(failing)} nodes failed within {config.breaker_window_s:g}s "
+                f"(threshold {threshold} of {fl.total})",
+            )
+    if brk.tripped:
+        notes.append(f"circuit breaker tripped: {brk.reason}; all automation holds until a person resets it")
+
+    # Nodes already under repair count against the concurrency limits before anything new starts.
+    for n, hist, *_rest in prepared:
+        if hist is not None and hist.incident is not None and hist.incident.pending() is not None:
+            ctx.take_active(n, started_now=False)
+
+    order = sorted(prepared, key=lambda p: (p[6], p[0].name))
+    decisions: List[Decision] = []
+    for n, hist, verdict, action, code, gpu, t0 in order:
+        d = _decide(n, hist, verdict, action, code, gpu, t0, config, ctx, brk, approved, now)
+        decisions.append(d)
+    used = {d.approval_key for d in decisions if d.approved}
+    unused = sorted(approved - used)
+    return Plan(decisions, breaker=brk, notes=notes, unused_approvals=unused)
+
+
+def _decide(
+    n: Node,
+    hist: Optional[History],
+    verdict: str,
+    report_action: str,
+    code: str,
+    gpu: Optional[int],
+    t0: float,
+    config: RepairConfig,
+    ctx: _Ctx,
+    brk: BreakerState,
+    approved,
+    now: float,
+) -> Decision:
+    part = n.partitions[0] if n.partitions else None
+
+    def mk(action, reason, rule, earliest=None, **kw) -> Decision:
+        return Decision(
+            node=n.name,
+            action=action,
+            reason=reason,
+            earliest=float(now if earliest is None else earliest),
+            partition=part,
+            code=code,
+            gpu=gpu,
+            rule=rule,
+            **kw,
+        )
+
+    if hist is None:
+        return mk("hold", "history field holds text that is not ours; not touched", "foreign_history")
+
+    before = dumps(hist)
+    ours = n.out_of_service and n.reason.startswith(config.reason_prefix)
+    inc = hist.incident
+    pending = inc.pending() if inc is not None else None
+
+    # 1. somebody else's node
+    if n.out_of_service and not ours and not (pending is not None and pending.action == "reboot"):
+        return mk(
+            "hold",
+            "out of service by someone else ({}{}); never touched".format(
+                n.reason or "no reason", " by " + n.reason_user if n.reason_user else ""
+            ),
+            "not_ours",
+            history=before,
+        )
+
+    actionable = verdict in ("unhealthy", "unknown") or (verdict == "degraded" and report_action in REPAIR_STEPS)
+    if verdict == "unknown" and n.report is None and not n.out_of_service:
+        return mk("hold", "no health report for a node in service; nothing to act on", "no_report", history=before)
+
+    # 2. a step in progress
+    if pending is not None:
+        timeout = config.step_timeout_s.get(pending.action, 1800.0)
+        done_by = pending.started + timeout
+        if verdict == "healthy" and (n.report_time is None or n.report_time > pending.started):
+            hist.finish("ok")
+        elif n.rebooting and now < done_by:
+            return mk(
+                "wait",
+                "{} in progress since {} (Slurm: {})".format(
+                    pending.action, pending.started, "+".join(sorted(n.flags & _REBOOT_FLAGS))
+                ),
+                "in_progress",
+                earliest=done_by,
+                history=before,
+                verify=True,
+                **_inc_kw(inc),
+            )
+        elif actionable and n.report_time is not None and n.report_time > pending.started:
+            hist.finish("failed")
+        elif now >= done_by:
+            hist.finish("timeout")
+        else:
+            return mk(
+                "wait",
+                f"{pending.action} started at {pending.started}; waiting for a health report newer than it",
+                "in_progress",
+                earliest=done_by,
+                history=before,
+                verify=True,
+                **_inc_kw(inc),
+            )
+        ctx.release(n)
+
+    # 3. healthy (or degraded and nothing to do): back to service if we drained it
+    if not actionable and (verdict == "healthy" or (verdict == "degraded" and config.resume_degraded)):
+        inc = hist.incident
+        cls = inc.failure_class if inc is not None else classify(n.report, config.class_map)
+        hk = dict(_inc_kw(inc), failure_class=cls)
+        after = hist.copy()
+        after.close(now, config.cooldown_s)
+        if not n.out_of_service:
+            hist.close(now, config.cooldown_s)
+            return mk(
+                "hold",
+                f"{verdict} and in service; nothing to do",
+                "healthy_in_service",
+                history=dumps(hist),
+                failure_class=cls,
+            )
+        if brk.tripped:
+            return mk(
+                "hold",
+                f"healthy but the circuit breaker is tripped ({brk.reason})",
+                "breaker",
+                history=dumps(hist),
+                failure_class=cls,
+                **_inc_kw(inc),
+            )
+        d = mk(
+            "resume",
+            "{} report{}; drained by us ({})".format(
+                verdict, " after " + inc.steps[-1].action if inc is not None and inc.steps else "", n.reason
+            ),
+            "healthy_resume",
+            history=dumps(hist),
+            history_after=dumps(after),
+            **hk,
+        )
+        return _gate(d, config, approved, now)
+    if not actionable:
+        # degraded, resume_degraded false: keep watching, node stays where it is
+        return mk("hold", f"degraded ({report_action}); monitoring", "degraded_monitor", history=before)
+
+    # 4-11: unhealthy / unknown / degraded with a repair action
+    cls = classify(n.report, config.class_map)
+    if hist.incident is None:
+        hist.open(cls, code, gpu, t0)
+    else:
+        if hist.incident.escalated is not None and not n.out_of_service:
+            # a person took the node back after the escalation: that incident is over
+            hist.close(now, 0)
+            hist.open(cls, code, gpu, now)
+        hist.incident.failure_class = cls
+        hist.incident.code = code
+        if gpu is not None:
+            hist.incident.gpu = gpu
+    inc = hist.incident
+    booked = dumps(hist)
+    ikw = _inc_kw(inc)
+    ikw["failure_class"] = cls
+
+    def escalate(reason, rule) -> Decision:
+        after = hist.copy()
+        after.incident.escalated = int(now)
+        spare = None
+        if config.spares_enabled and "escalate" in config.spare_on and inc.spare is None:
+            spare = ctx.take_spare(n)
+            if spare is not None:
+                after.incident.spare = spare.spare or "?"
+        d = mk("escalate", reason, rule, history=booked, history_after=dumps(after), spare=spare, **ikw)
+        d.runnable = True
+        return d
+
+    if inc.escalated is not None:
+        return mk("hold", f"escalated at {inc.escalated}; waiting for a person", "escalated", history=booked, **ikw)
+    if brk.tripped:
+        return mk(
+            "hold", f"circuit breaker tripped ({brk.reason}); a person must reset it", "breaker", history=booked, **ikw
+        )
+    if now < inc.first_seen + config.ttl_s:
+        return mk(
+            "wait",
+            f"{code} first seen at {inc.first_seen}; must persist {config.ttl_s:g}s before action",
+            "ttl",
+            earliest=inc.first_seen + config.ttl_s,
+            history=booked,
+            **ikw,
+        )
+    if not n.out_of_service:
+        block = ctx.drain_block(n)
+        if block:
+            return mk("hold", f"should drain ({code}) but {block}", "blast_radius_drain", history=booked, **ikw)
+        ctx.take_drain(n)
+        d = mk(
+            "drain",
+            "{} {}{}".format(verdict, code, f" gpu{gpu}" if gpu is not None else ""),
+            "drain",
+            history=booked,
+            history_after=booked,
+            **ikw,
+        )
+        return _gate(d, config, approved, now)
+    if n.busy:
+        return mk("wait", "draining: jobs still running", "draining", earliest=now + 60, history=booked, **ikw)
+    if hist.cooldown_until is not None and now < hist.cooldown_until:
+        return mk(
+            "wait",
+            f"cooldown after the last repair until {hist.cooldown_until}",
+            "cooldown",
+            earliest=hist.cooldown_until,
+            history=booked,
+            **ikw,
+        )
+
+    # lemon, escalation, per-incident attempts
+    lemon_n = hist.incidents_since(now - config.lemon_window_s)
+    step = None
+    rule = "ladder"
+    if lemon_n >= config.lemon_incidents:
+        if config.lemon_action == "escalate" or inc.tried(config.lemon_action):
+            return escalate(f"lemon: {lemon_n} incidents in {config.lemon_window_s / 86400:g}d", "lemon")
+        step, rule = config.lemon_action, "lemon"
+        why = f"lemon: {lemon_n} incidents in {config.lemon_window_s / 86400:g}d; retire it"
+    if step is None:
+        recent = len(hist.repairs_since(now - config.escalate_window_s))
+        if recent >= config.escalate_repairs:
+            return escalate(
+                f"{recent} repairs in {config.escalate_window_s / 86400:g}d "
+                f"(limit {config.escalate_repairs}): a person should look",
+                "escalate_repairs",
+            )
+        attempts = sum(1 for s in inc.steps if s.action in REPAIR_STEPS)
+        if attempts >= config.max_attempts_per_incident:
+            return escalate(
+                f"{attempts} attempts in this incident (limit {config.max_attempts_per_incident})", "incident_attempts"
+            )
+        ladder = config.ladder_for(cls)
+        sev = SEVERITY.get(report_action, 0)
+        start = next((i for i, s in enumerate(ladder) if SEVERITY[s] >= sev), len(ladder)) if sev else 0
+        if start == len(ladder) and report_action in REPAIR_STEPS:
+            # the report asks for more than the ladder offers: take the most drastic rung
+            start = len(ladder) - 1
+        for s in ladder[start:]:
+            if not inc.tried(s):
+                step = s
+                break
+        if step is None:
+            tried = ",".join(s.action for s in inc.steps) or "none"
+            return escalate("ladder {} exhausted (tried {})".format("/".join(ladder), tried), "ladder_exhausted")
+        last = inc.steps[-1] if inc.steps else None
+        why = "{} {}{}: {}".format(
+            cls,
+            code,
+            f" gpu{gpu}" if gpu is not None else "",
+            f"after {last.action} {last.outcome}" if last else "first step",
+        )
+
+    # retry budget
+    window = hist.repairs_since(now - config.budget_window_s)
+    if len(window) >= config.budget_attempts:
+        free_at = sorted(t for t, _a in window)[len(window) - config.budget_attempts] + config.budget_window_s
+        return mk(
+            "wait",
+            f"retry budget used: {len(window)} attempts in {config.budget_window_s / 3600:g}h "
+            f"(limit {config.budget_attempts})",
+            "budget",
+            earliest=free_at,
+            history=booked,
+            **ikw,
+        )
+    block = ctx.repair_block(n)
+    if block:
+        return mk("hold", f"{step} next, but {block}", "blast_radius", history=booked, **ikw)
+
+    after = hist.copy()
+    after.start(step, now)
+    hook = None
+    if step in config.hook_actions:
+        hook = HookCall(
+            action=step, node=n.name, incident=str(inc.id), idempotency_key=_key(n.name, str(inc.id), step), reason=why
+        )
+        after.incident.hooks.append(step)
+    spare = None
+    if config.spares_enabled and step in config.spare_on and inc.spare is None:
+        spare = ctx.take_spare(n)
+        if spare is not None:
+            after.incident.spare = spare.spare or "?"
+    d = mk(step, why, rule, history=booked, history_after=dumps(after), hook=hook, spare=spare, **ikw)
+    d = _gate(d, config, approved, now)
+    if d.runnable:
+        ctx.take_active(n, started_now=True)
+    return d
+
+
+def _inc_kw(inc) -> Dict[str, Any]:
+    if inc is None:
+        return {}
+    return {"incident": str(inc.id), "failure_class": inc.failure_class}
+
+
+def _gate(d: Decision, config: RepairConfig, approved, now: float) -> Decision:
+    """Approval mode: a changing action runs only when (node, action, incident) was approved."""
+    if d.action in CHANGING_ACTIONS and config.mode_for(d.failure_class) == "approval":
+        key = (d.node, d.action, d.incident or "-")
+        if key in approved:
+            d.approved = True
+        else:
+            d.needs_approval = True
+            d.reason += " [waiting for approval {}:{}:{}]".format(*key)
+    d.runnable = not d.needs_approval and d.earliest <= now
+    return d

@@ -1,0 +1,234 @@
+"""The compact history (what lives in Slurm's node Extra/Comment field), the config validator and the classifier."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from repair_builders import NOW, D, H, hist, report
+
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import (
+    History,
+    HistoryError,
+    RepairConfig,
+    RepairError,
+    classify,
+    dumps,
+    is_ours,
+    loads,
+    parse_duration,
+    record_outcome,
+)
+
+# Slurm keeps the node Extra/Comment as a free string; we keep ours far below any practical limit.
+HISTORY_BUDGET = 512
+
+
+def worst_case_history() -> str:
+    """Everything the policy can accumulate before it escalates or retires the node."""
+    steps = [("reset_gpu", NOW - 5000, "failed"), ("reboot", NOW - 3000, "timeout"), ("replace", NOW - 100, None)]
+    return hist(
+        cls="gpu_memory", code="row_remap_failure", steps=steps, spare="gpu-spare-rack12-07",
+        repairs=[(NOW - k * H, "reboot") for k in range(8)],
+        past=[(NOW - k * D, "gpu_lost") for k in range(1, 9)], cooldown=NOW + 1800, escalated=NOW, seq=99,
+    )
+
+
+def test_round_trip():
+    text = hist(steps=[("reset_gpu", NOW - 600, "failed"), ("reboot", NOW - 60, None)], past=[(NOW - 3 * D, "nvlink")],
+                cooldown=NOW + 10, spare="spare1")
+    h = loads(text)
+    assert dumps(h) == text
+    assert h.incident.pending().action == "reboot"
+    assert h.incident.tried("reset_gpu") and not h.incident.tried("replace")
+    assert h.past == [(NOW - 3 * D, "nvlink")]
+    assert json.loads(text)["gf"] == 1
+
+
+def test_history_is_compact():
+    text = worst_case_history()
+    assert len(text) < HISTORY_BUDGET, len(text)
+    # a typical one (one incident, two steps) is much shorter
+    typical = hist(steps=[("reset_gpu", NOW - 600, "failed"), ("reboot", NOW - 60, None)])
+    assert len(typical) < 160, len(typical)
+    assert "\n" not in text and " " not in text
+
+
+def test_history_lists_are_capped():
+    h = loads(hist(repairs=[(NOW - k * 60, "reboot") for k in range(100)],
+                   past=[(NOW - k * 60, "gpu_lost") for k in range(100)]))
+    h.prune(NOW, 30 * D)
+    assert len(h.repairs) == 8 and len(h.past) == 8
+    assert h.repairs[-1][0] == NOW  # newest kept
+
+
+def test_prune_forgets_old_entries_and_expired_cooldown():
+    h = loads(hist(repairs=[(NOW - 40 * D, "reboot"), (NOW - D, "reboot")], past=[(NOW - 40 * D, "nvlink")],
+                   cooldown=NOW - 1))
+    h.prune(NOW, 30 * D)
+    assert h.repairs == [(NOW - D, "reboot")] and h.past == [] and h.cooldown_until is None
+
+
+RECORD_ROWS = [
+    ("ok closes the incident and starts the cooldown", "ok", None, None, NOW + 1800),
+    ("failed keeps it open", "failed", None, "failed", None),
+    ("timeout keeps it open", "timeout", None, "timeout", None),
+    ("ok without closing", "ok", False, "ok", None),
+]
+
+
+@pytest.mark.parametrize("name,outcome,close,left,cooldown", RECORD_ROWS, ids=[r[0] for r in RECORD_ROWS])
+def test_record_outcome(name, outcome, close, left, cooldown):
+    text = hist(steps=[("reset_gpu", NOW - 60, None)])
+    h = loads(record_outcome(text, outcome, NOW, 1800, close=close))
+    if left is None:
+        assert h.incident is None and h.past[-1][1] == "gpu_memory"
+    else:
+        assert h.incident.steps[-1].outcome == left
+    assert h.cooldown_until == cooldown
+
+
+def test_record_outcome_rejects_bad_outcome():
+    with pytest.raises(HistoryError, match="outcome"):
+        record_outcome(hist(steps=[("reboot", NOW, None)]), "fine", NOW)
+
+
+OURS_ROWS = [("", True), (None, True), ("   ", True), ('{"gf":1,"n":0}', True), ("rack 12", False),
+             ('{"owner":"ops"}', False), ("[1,2]", False)]
+
+
+@pytest.mark.parametrize("text,ours", OURS_ROWS)
+def test_is_ours(text, ours):
+    assert is_ours(text) is ours
+
+
+BAD_HISTORY = [
+    ("rack 12", "not JSON"),
+    ('{"owner":"ops"}', "no 'gf' key"),
+    ('{"gf":2}', "version"),
+    ('{"gf":1,"i":{"id":1,"c":"zz","t":1}}', "malformed"),
+    ('{"gf":1,"r":"bxyz"}', "expected a number"),
+    ('{"gf":1,"r":[[1,"b"]]}', "comma-separated"),
+]
+
+
+@pytest.mark.parametrize("text,match", BAD_HISTORY)
+def test_bad_history(text, match):
+    with pytest.raises(HistoryError, match=match):
+        loads(text)
+
+
+def test_empty_history():
+    assert loads("") == History()
+    assert dumps(History()) == '{"gf":1,"n":0}'
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Config
+# ---------------------------------------------------------------------------------------------------------------
+def test_defaults_follow_the_published_anchors():
+    c = RepairConfig.from_dict({})
+    assert (c.ttl_s, c.cooldown_s) == (300, 1800)  # Together AI CompactTTL 5 min, cooldown ~30 min
+    assert (c.max_attempts_per_incident, c.escalate_repairs, c.escalate_window_s) == (3, 5, 7 * D)  # NVSentinel
+    assert (c.budget_attempts, c.budget_window_s) == (3, D)
+    assert (c.breaker_fraction, c.breaker_window_s) == (0.5, 300)  # NVSentinel breaker
+    assert c.max_unavailable.share == 0.2 and c.min_healthy == 0.51  # EKS 20 %, medik8s minHealthy 51 %
+    assert c.ladder_for("gpu_lost") == ("reboot", "replace")  # no second reboot (gpud: 2 reboots then inspection)
+    assert c.mode_for("gpu_memory") == "automatic"
+
+
+def test_full_config_parses():
+    c = RepairConfig.from_dict({
+        "ttl": "2m", "cooldown": "1h", "budget": {"attempts": 2, "window": "12h"}, "max_attempts_per_incident": 4,
+        "escalate": {"repairs": 3, "window": "3d"}, "lemon": {"incidents": 2, "window": "1w", "action": "escalate"},
+        "ladders": {"gpu_lost": ["reboot", "reimage", "replace"]},
+        "modes": {"default": "approval", "gpu_memory": "automatic"},
+        "blast_radius": {"max_unavailable": 3, "min_healthy": 0.6, "domains": {"rack": 1, "switch": "50%"},
+                         "max_parallel": 2},
+        "breaker": {"enabled": True, "window": 600, "fraction": "30%", "min_nodes": 2},
+        "spares": {"enabled": True, "on": ["replace"]}, "step_timeout": {"reboot": "20m"},
+        "reason_prefix": "gpufleet:", "class_map": {"XID119": "software"}, "hook_actions": ["replace"],
+        "resume_degraded": False, "history_keep": "60d",
+    })
+    assert c.ttl_s == 120 and c.cooldown_s == 3600 and c.budget_window_s == 12 * H and c.lemon_window_s == 7 * D
+    assert c.mode_for("gpu_memory") == "automatic" and c.mode_for("nvlink") == "approval"
+    assert c.max_unavailable.of(10) == 3 and c.domain_limits["switch"].of(4) == 2
+    assert c.step_timeout_s["reboot"] == 1200 and c.step_timeout_s["reset_gpu"] == 600
+    assert c.class_map == {"xid119": "software"}
+    assert RepairConfig.from_dict(c.to_dict()) == c  # to_dict feeds from_dict
+
+
+BAD_CONFIG = [
+    ({"ttl": "soon"}, r"^ttl: expected a duration"),
+    ({"ttl": -1}, r"^ttl: expected a duration >= 0"),
+    ({"tll": 5}, r"unknown key\(s\) tll"),
+    ({"budget": {"attempts": 0}}, r"^budget\.attempts: expected an integer >= 1"),
+    ({"budget": {"attempts": True}}, r"^budget\.attempts"),
+    ({"budget": []}, r"^budget: expected a mapping"),
+    ({"ladders": {"gpu_lost": ["reboot", "pray"]}}, r"^ladders\.gpu_lost\[1\]: expected one of"),
+    ({"ladders": {"gpu_lost": ["reboot", "reboot"]}}, r"appears twice"),
+    ({"ladders": {"gpu_lost": []}}, r"^ladders\.gpu_lost: expected a non-empty list"),
+    ({"ladders": {"disk": ["reboot"]}}, r"^ladders: unknown key\(s\) disk"),
+    ({"modes": {"gpu_lost": "yolo"}}, r"^modes\.gpu_lost: expected automatic or approval"),
+    ({"blast_radius": {"max_unavailable": 1.5}}, r"^blast_radius\.max_unavailable: expected a node count"),
+    ({"blast_radius": {"max_unavailable": "150%"}}, r"^blast_radius\.max_unavailable: expected a fraction"),
+    ({"blast_radius": {"min_healthy": 2}}, r"^blast_radius\.min_healthy: expected a fraction"),
+    ({"blast_radius": {"domains": {"rack": "x"}}}, r"^blast_radius\.domains\.rack"),
+    ({"breaker": {"enabled": "yes"}}, r"^breaker\.enabled: expected true or false"),
+    ({"spares": {"on": ["reboot"]}}, r"^spares\.on\[0\]"),
+    ({"step_timeout": {"nap": 1}}, r"^step_timeout: unknown key"),
+    ({"reason_prefix": ""}, r"^reason_prefix: expected a non-empty string"),
+    ({"class_map": {"xid1": "cosmic"}}, r"^class_map\.xid1"),
+    ({"lemon": {"action": "reboot"}}, r"^lemon\.action"),
+    ("not a mapping", r"^repair config: expected a mapping"),
+]
+
+
+@pytest.mark.parametrize("data,match", BAD_CONFIG)
+def test_bad_config_names_the_field(data, match):
+    with pytest.raises(RepairError, match=match):
+        RepairConfig.from_dict(data)
+
+
+@pytest.mark.parametrize("value,seconds", [(5, 5), (2.5, 2.5), ("90s", 90), ("5m", 300), ("24h", 86400),
+                                           ("7d", 604800), ("1w", 604800), (" 3 h ", 10800)])
+def test_parse_duration(value, seconds):
+    assert parse_duration(value, "x") == seconds
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Failure classes
+# ---------------------------------------------------------------------------------------------------------------
+CLASS_ROWS = [
+    (report(code="xid48"), "gpu_memory"), (report(code="xid63"), "gpu_memory"), (report(code="xid64"), "gpu_memory"),
+    (report(code="xid94"), "gpu_memory"), (report(code="xid95"), "gpu_memory"), (report(code="ecc_dbe"), "gpu_memory"),
+    (report(code="row_remap_failure"), "gpu_memory"), (report(code="row_remap_pending"), "gpu_memory"),
+    (report(code="retired_pages"), "gpu_memory"),
+    (report(code="xid79"), "gpu_lost"), (report(code="gpu_lost"), "gpu_lost"), (report(code="gpu_count"), "gpu_lost"),
+    (report(code="fallen_off_bus"), "gpu_lost"),
+    (report(code="xid74"), "nvlink"), (report(code="nvlink_down"), "nvlink"), (report(code="fabric_manager"), "nvlink"),
+    (report(code="xid145"), "nvlink"), (report(code="sxid"), "nvlink"),
+    (report(code="thermal_slowdown"), "thermal"), (report(code="power_brake"), "thermal"),
+    (report(code="xid54"), "thermal"), (report(code="clocks_event"), "thermal"),
+    (report(code="driver_mismatch"), "software"), (report(code="xid13"), "software"),
+    (report(code="persistence_off"), "software"),
+    (report(code="probe_timeout"), "probe"), (report(code="nvml_timeout"), "probe"),
+    (report(verdict="unknown", code=None, findings=[]), "probe"), (None, "probe"),
+    (report(code="xid119"), "gpu"), (report(code="xid999"), "gpu"),
+    (report(code="mystery"), "other"),
+    # no top code: the most severe finding decides
+    ({"verdict": "unhealthy", "action": "reboot", "findings": [
+        {"check": "temperature", "severity": "warn", "code": "temp_high"},
+        {"check": "xid", "severity": "fail", "code": "xid79"}]}, "gpu_lost"),
+]
+
+
+@pytest.mark.parametrize("rep,cls", CLASS_ROWS, ids=[str((r or {}).get("code")) + "->" + c for r, c in CLASS_ROWS])
+def test_classify(rep, cls):
+    assert classify(rep) == cls
+
+
+def test_class_map_overrides_table_by_prefix():
+    assert classify(report(code="xid119"), {"xid119": "software"}) == "software"
+    assert classify(report(code="nvlink_crc"), {"nvlink_c": "thermal"}) == "thermal"
+    assert classify(report(code="nvlink_down"), {"nvlink_c": "thermal"}) == "nvlink"
