@@ -1,0 +1,173 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""judge(): snapshot + kernel lines + config + previous state -> Report (and the next state)."""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Dict, List, Mapping, Optional
+
+from .catalog import Catalog
+from .config import Config
+from .kmsg_parse import parse_kmsg
+from .model import KernelEvent, Snapshot
+from .profiles import build_profiles, profile_for
+from .report import Report
+from .rules import (
+    Ctx,
+    check_driver,
+    check_events,
+    check_gpu,
+    check_gpu_count,
+    check_node,
+    check_node_throttle,
+    check_probe,
+    node_throttle_set,
+)
+from .state import load_state, save_state
+
+_MAX_REMEMBERED = 300
+_DEFAULT_CATALOG = None
+_DEFAULT_PROFILES = None
+
+
+def _catalog(cfg: Config) -> Catalog:
+    global _DEFAULT_CATALOG
+    if cfg.xid_overrides or cfg.sxid_overrides:
+        return Catalog(cfg.xid_overrides, cfg.sxid_overrides)
+    if _DEFAULT_CATALOG is None:
+        _DEFAULT_CATALOG = Catalog()
+    return _DEFAULT_CATALOG
+
+
+def _profiles(cfg: Config):
+    global _DEFAULT_PROFILES
+    if cfg.profiles:
+        return build_profiles(cfg.profiles)
+    if _DEFAULT_PROFILES is None:
+        _DEFAULT_PROFILES = build_profiles()
+    return _DEFAULT_PROFILES
+
+
+def _event_from_state(d: Mapping[str, Any]) -> Optional[KernelEvent]:
+    try:
+        fields = {k: d[k] for k in KernelEvent.__dataclass_fields__ if k in d}
+        return KernelEvent(**fields)
+    except (TypeError, KeyError):
+        return None
+
+
+def judge(snapshot=None, kmsg_lines=(), config=None, state=None, now: Optional[float] = None) -> Report:
+    """Judge one node.
+
+    snapshot: Snapshot, its dict form, or None (kernel log only). kmsg_lines: text, lines or KernelEvent objects.
+    config: mapping (see config.py) or Config. state: previous state dict (not modified), a path to a state file
+    (read, then written atomically), or None (no state; or config ``state_path``). now: epoch seconds.
+    The next state is in ``report.state``.
+    """
+    cfg = config if isinstance(config, Config) else Config(config)
+    now = time.time() if now is None else float(now)
+    if isinstance(snapshot, Mapping):
+        snapshot = Snapshot.from_dict(dict(snapshot))
+    elif snapshot is not None and not isinstance(snapshot, Snapshot):
+        raise ValueError(f"snapshot: expected a Snapshot or a mapping, got {type(snapshot).__name__}")
+    state_path = None
+    if isinstance(state, (str, os.PathLike)):
+        state_path = state
+    elif state is None and cfg.state_path:
+        state_path = cfg.state_path
+    if state_path is not None:
+        prev: Dict[str, Any] = load_state(state_path)
+    elif isinstance(state, Mapping):
+        prev = dict(state)
+    elif state is None:
+        prev = {}
+    else:
+        raise ValueError(f"state: expected a mapping, a path or None, got {type(state).__name__}")
+
+    catalog = _catalog(cfg)
+    profiles = _profiles(cfg)
+    ctx = Ctx(cfg, catalog, now, prev)
+    ctx.new_state_probe_timeouts = 0
+
+    events = parse_kmsg(kmsg_lines, boot_time=cfg.boot_time) if kmsg_lines else []
+    have_kmsg = bool(kmsg_lines)
+
+    # Merge with the events remembered from earlier runs (sticky windows survive the kmsg cursor moving on).
+    first_seen: Dict[str, float] = {}
+    merged: Dict[str, KernelEvent] = {}
+    for d in prev.get("events") or []:
+        if isinstance(d, Mapping):
+            ev = _event_from_state(d)
+            if ev is not None:
+                merged[ev.ident] = ev
+                first_seen[ev.ident] = float(d.get("first_seen") or now)
+    for ev in events:
+        ident = ev.ident
+        if ident not in merged:
+            merged[ident] = ev
+            first_seen[ident] = now
+    all_events = list(merged.values())
+    ref = now
+    if cfg.events_as_of == "latest":
+        dated = [e.wallclock for e in all_events if e.wallclock is not None]
+        if dated:
+            ref = max(dated)
+    in_view: List[KernelEvent] = []
+    keep: List[Dict[str, Any]] = []
+    for ev in all_events:
+        if ev.kind not in ("xid", "fallen_off_bus", "sxid", "rate_limit", "gpu_uuid"):
+            continue
+        if ev.kind == "sxid":
+            entry = catalog.sxid(ev.xid or 0, True if ev.severity == "Fatal" else
+                                 (False if ev.severity == "Non-fatal" else None))
+        elif ev.kind in ("xid", "fallen_off_bus"):
+            entry = catalog.xid(ev.xid or 0)
+        else:
+            entry = None
+        window = cfg.t["sticky_window_s"] if entry is not None and entry.sticky else cfg.t["event_window_s"]
+        t_ev = ev.wallclock if ev.wallclock is not None else first_seen.get(ev.ident, now)
+        if ref - t_ev > window:
+            continue
+        in_view.append(ev)
+        if entry is not None and (entry.sticky or entry.severity != "info" or ev.xid == 154 or
+                                  ev.severity == "Fatal"):
+            d = ev.to_dict()
+            d["first_seen"] = first_seen.get(ev.ident, now)
+            keep.append(d)
+
+    pci_to_gpu = {}
+    prof_by_gpu = {}
+    if snapshot is not None:
+        for g in snapshot.gpus:
+            if g.pci:
+                pci_to_gpu[g.pci] = g
+            prof_by_gpu[g.index] = profile_for(g.name, profiles, cfg.profile)
+
+    if cfg.on("probe"):
+        check_probe(ctx, snapshot, have_kmsg)
+    if snapshot is not None:
+        nt = node_throttle_set(snapshot) if cfg.on("clocks") else set()
+        for g in snapshot.gpus:
+            check_gpu(ctx, snapshot, g, prof_by_gpu.get(g.index), nt)
+        check_node_throttle(ctx, snapshot, nt)
+        if cfg.on("gpu_count"):
+            check_gpu_count(ctx, snapshot)
+        if cfg.on("driver"):
+            check_driver(ctx, snapshot)
+        check_node(ctx, snapshot)
+    else:
+        ctx.skipped.append("gpu checks (no snapshot)")
+    check_events(ctx, in_view, pci_to_gpu, prof_by_gpu)
+
+    new_state: Dict[str, Any] = {
+        "updated": now,
+        "gpus": ctx.new_gpus if snapshot is not None else (prev.get("gpus") or {}),
+        "events": keep[-_MAX_REMEMBERED:],
+        "probe_timeouts": ctx.new_state_probe_timeouts,
+    }
+    report = Report(findings=ctx.findings, hostname=cfg.hostname or (snapshot.hostname if snapshot else None),
+                    checked_at=now, skipped=ctx.skipped, state=new_state)
+    if state_path is not None:
+        save_state(state_path, new_state)
+    return report
