@@ -164,6 +164,11 @@ class TokenValidator:
 
         if cfg.allowed_azp:
             azp = claims.get("azp", claims.get("client_id"))
+            aud = claims.get("aud")
+            if azp is None and isinstance(aud, list) and len(aud) == 1:
+                aud = aud[0]
+            if azp is None and isinstance(aud, str):
+                azp = aud  # OIDC Core 3.1.3.7: without azp the single audience is the authorised party
             if azp not in cfg.allowed_azp:
                 raise TokenRejected(f"authorised party {str(azp)[:60]!r} not allowed")
         if cfg.max_token_age is not None and now - claims["iat"] > cfg.max_token_age + cfg.leeway:
