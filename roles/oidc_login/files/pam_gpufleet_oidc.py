@@ -5,8 +5,8 @@
 PAM line (sshd only, never common-auth):
 
   auth [success=done default=die] /lib/security/pam_python.so /opt/gpufleet-oidc/pam_gpufleet_oidc.py \
-      config=/etc/gpufleet/oidc.yml lib=/opt/gpufleet-oidc/lib site=/opt/gpufleet-oidc/venv/lib/python3.11/site-packages \
-      mode=device
+      config=/etc/gpufleet/oidc.yml lib=/opt/gpufleet-oidc/lib \
+      site=/opt/gpufleet-oidc/venv/lib/python3.11/site-packages mode=device
 
 ``lib=`` holds the ``gpufleet_oidc`` package (a copy of the collection's plugins/module_utils/oidc),
 ``site=`` the venv with authlib, joserfc, cryptography and PyYAML; both go in front of sys.path.

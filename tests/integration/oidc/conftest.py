@@ -71,8 +71,9 @@ class IdP:
         if not (IDP_DIR / "node_modules" / "oidc-provider").is_dir():
             raise RuntimeError("tests/idp/node_modules missing: run `make setup` (npm ci)")
         self.lines = []
-        self.proc = subprocess.Popen(["node", str(IDP_DIR / "server.mjs")], cwd=str(IDP_DIR), env=self.env,
-                                     stdout=subprocess.PIPE, stderr=open(self.workdir / "idp.err", "ab"), text=True)
+        with open(self.workdir / "idp.err", "ab") as err:
+            self.proc = subprocess.Popen(["node", str(IDP_DIR / "server.mjs")], cwd=str(IDP_DIR), env=self.env,
+                                         stdout=subprocess.PIPE, stderr=err, text=True)
         ready = threading.Event()
 
         def reader():
