@@ -1,0 +1,923 @@
+"""The event-driven fleet model (SimPy).
+
+Cost grows with the number of events (faults, checks on sick nodes, repairs, checkpoints, restarts), never with
+GPUs x ticks:
+
+* faults for the whole fleet come from one SimPy process per fault class, drawn from the class's aggregate rate
+  (exponential, or a Weibull fleet-age hazard by inverting the cumulative hazard), then thinned: a draw that lands on
+  a node that cannot fail right now (in repair, retired, idle when idle nodes do not fail) is dropped, which keeps the
+  process exact without re-drawing on every state change;
+* per-node records exist only for nodes that are not healthy (a precursor, a fault, in repair) and for the hidden
+  lemon nodes; a healthy node is just an integer in a job's slot list or in the idle pool;
+* health checks are not ticked on every node: a sick node's next check comes at a uniformly random phase within
+  the check interval.
+
+Time is in hours throughout.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+import simpy
+
+from .brain import PARTITION, to_epoch, to_hours
+from .scenario import LEVEL
+
+H = 1.0 / 60.0  # one minute in hours
+
+
+@dataclass
+class NodeRec:
+    node: int
+    lemon: bool = False
+    state: str = "healthy"  # precursor | failed | drained | repair | retired
+    fault: dict | None = None
+    since: float = 0.0
+    attempts: list = field(default_factory=list)  # [(time_h, action, ok)]
+    verdict: dict | None = None
+    failures: int = 0
+    token: int = 0  # invalidates stale scheduled callbacks
+    slurm: dict | None = None  # the node's virtual Slurm record (state, reason, report, history text)
+
+
+@dataclass
+class Failure:
+    node: int | None
+    fault: dict
+    t: float
+    detect_at: float
+    needs_human: bool
+    remove: bool  # take the node out of the job (False: restart on the same nodes)
+    planned: bool = False  # a proactive drain: checkpoint first, no lost work
+    rollback_to: float | None = None  # silent corruption: roll back to this work value
+
+
+class Job:
+    def __init__(self, sim: Sim, idx: int, spec: dict, nodes: list[int]):
+        self.sim, self.idx, self.spec = sim, idx, spec
+        self.name = spec["name"]
+        self.nodes = nodes
+        self.gpus = len(nodes) * sim.sc["cluster"]["gpus_per_node"]
+        self.work = 0.0
+        self.ckpt_work = 0.0
+        self.work_target = spec["work_hours"]
+        self.rate = 1.0
+        self.slow: dict[int, float] = {}
+        self.pending: list[Failure] = []
+        self.missing: list[int] = []  # slots without a node
+        self.reserved: dict[int, int] = {}  # slot -> node it waits for (spares: none)
+        self.computing = False
+        self.down = False
+        self.done = False
+        self.phase = "compute"
+        self.phase_t = 0.0
+        self.buckets = {"checkpoint": 0.0, "detection": 0.0, "waiting": 0.0, "restart": 0.0, "straggler": 0.0}
+        self.lost_work = 0.0
+        self.useful_compute = 0.0
+        self.interruptions = 0
+        self.by_class: dict[str, int] = {}
+        self.downtimes: list[float] = []
+        self.wake: simpy.Event | None = None
+        self.seg_start, self.seg_rate = 0.0, 1.0
+        self.jf_classes = []
+        for f in sim.sc["faults"]:
+            if f["scope"] == "job":
+                r = 1.0 / f["job_mtbf_h"] if f.get("job_mtbf_h") else f["per_node_h"] * len(nodes)
+                if r > 0:
+                    self.jf_classes.append((f, r))
+        self.jf_rate = sum(r for _f, r in self.jf_classes)
+        self.jf_next = sim.rng.expovariate(self.jf_rate) if self.jf_rate > 0 else math.inf
+        self.continuous = spec["checkpoint_interval_min"] == 0  # in-memory every step: no lost work
+        self.tau = sim.checkpoint_interval(self) if not self.continuous else math.inf
+        self.delta = spec["checkpoint_cost_min"] * H
+        self.proc = sim.env.process(self.run())
+
+    # --- accounting -------------------------------------------------------------------------------------------
+    def _enter(self, phase: str) -> None:
+        now = self.sim.env.now
+        dt = now - self.phase_t
+        if dt > 0:
+            if self.phase == "compute":
+                self.useful_compute += dt
+            else:
+                self.buckets[self.phase] += dt
+        self.phase, self.phase_t = phase, now
+
+    def _progress(self, start: float, rate: float) -> float:
+        dt = self.sim.env.now - start
+        self.buckets["straggler"] += dt * (1.0 - rate)
+        return dt * rate
+
+    # --- the job's life ----------------------------------------------------------------------------------------
+    def _sleep(self, dt: float):
+        """Sleep dt hours inside the job process; True when the whole time passed.
+
+        Job-scope faults (software, hangs) are drawn here from the job's aggregate rate instead of in a separate
+        process: a fault due inside the window ends the sleep as a pending failure. Node faults arrive as
+        SimPy interrupts and end it too.
+        """
+        env = self.sim.env
+        if self.jf_rate > 0:
+            now = env.now
+            if self.jf_next < now:  # drawn before an unexposed stretch: redraw (memoryless, exact)
+                self.jf_next = now + self.sim.rng.expovariate(self.jf_rate)
+            exposed = self.computing or self.spec["faults_while_down"]
+            if exposed and self.jf_next < now + dt:
+                try:
+                    yield env.timeout(self.jf_next - now)
+                except simpy.Interrupt:
+                    return False
+                self.jf_next = env.now + self.sim.rng.expovariate(self.jf_rate)
+                self.sim.job_fault(self)
+                return False
+        try:
+            yield env.timeout(dt)
+        except simpy.Interrupt:
+            return False
+        return True
+
+    # --- the job's life ----------------------------------------------------------------------------------------
+    def run(self):
+        env = self.sim.env
+        while not self.done:
+            if self.pending or self.missing:
+                yield from self._recover()
+                continue
+            remaining = (self.work_target - self.work) if self.work_target is not None else math.inf
+            if remaining <= 1e-12:
+                self.done = True
+                break
+            if self.continuous:
+                seg = remaining if remaining < math.inf else 24.0 * 365
+            else:
+                seg = min(self.tau - (self.work - self.ckpt_work), remaining)
+            rate = self.rate
+            self._enter("compute")
+            self.computing = True
+            start = env.now
+            self.seg_start, self.seg_rate = start, rate
+            ok = yield from self._sleep(seg / rate)
+            self.computing = False
+            if ok:
+                self.work += seg
+                self.buckets["straggler"] += (seg / rate) * (1 - rate)
+            else:
+                self.work += self._progress(start, rate)
+                continue
+            # blocking checkpoint (failures may strike it: the checkpoint is then lost)
+            if self.delta > 0 and not self.continuous:
+                self._enter("checkpoint")
+                self.computing = True
+                ok = yield from self._sleep(self.delta)
+                self.computing = False
+                if not ok:
+                    continue
+            self.ckpt_work = self.work
+        self._enter("end")
+        self.sim.job_done(self)
+
+    def _recover(self):
+        env = self.sim.env
+        t0 = env.now
+        # roll back to the last checkpoint
+        planned = all(f.planned for f in self.pending)
+        rb = [f.rollback_to for f in self.pending if f.rollback_to is not None]
+        target = min([self.work if self.continuous else self.ckpt_work] + rb)
+        if planned and not rb:
+            target = self.work  # checkpoint taken on the way out
+            if self.delta > 0:
+                self._enter("checkpoint")
+                ok = yield from self._sleep(self.delta)
+                if not ok:
+                    target = self.ckpt_work
+        self.lost_work += max(0.0, self.work - target)
+        self.work = self.ckpt_work = target
+        self.down = True
+        # detection: wait until the last pending failure has been found (and a person, if needed, acted)
+        self._enter("detection")
+        while True:
+            due = max((f.detect_at for f in self.pending), default=env.now)
+            if due <= env.now:
+                break
+            yield from self._sleep(due - env.now)
+        failures, self.pending = self.pending, []
+        for f in failures:
+            if f.remove and f.node is not None:
+                self.sim.remove_from_job(self, f.node, f)
+        # get nodes
+        self._enter("waiting")
+        while self.missing:
+            ready_at = self.sim.fill_slots(self)
+            try:
+                if self.missing:
+                    self.wake = env.event()
+                    yield self.wake
+                elif ready_at > env.now:
+                    yield env.timeout(ready_at - env.now)
+            except simpy.Interrupt:
+                pass
+            self.wake = None
+            if self.pending:  # a new fault while waiting: detect it too
+                return
+        # restart (failures may strike a restart: it starts over)
+        self._enter("restart")
+        self.computing = self.spec["faults_while_down"]
+        ok = yield from self._sleep(self.spec["restart_min"]["sample"](self.sim.rng) * H)
+        self.computing = False
+        if not ok:
+            return
+        self.down = False
+        self.downtimes.append(env.now - t0)
+
+    def interrupt(self, failure: Failure) -> None:
+        self.pending.append(failure)
+        if self.proc.is_alive and self.sim.env.active_process is not self.proc:
+            self.proc.interrupt()
+
+    def set_rate(self) -> None:
+        r = 1.0
+        for s in self.slow.values():
+            r *= 1.0 - s
+        self.rate = max(r, 1e-6)
+        if self.computing and self.phase == "compute" and self.proc.is_alive:
+            self.proc.interrupt()
+
+
+class Sim:
+    def __init__(self, sc: dict, policy: dict, seed: int, brain, horizon_h: float | None = None):
+        self.sc, self.policy, self.brain = sc, policy, brain
+        self.rng = random.Random(seed)
+        self.env = simpy.Environment()
+        cl = sc["cluster"]
+        self.N = cl["nodes"]
+        self.gpn = cl["gpus_per_node"]
+        self.rack = cl["nodes_per_rack"]
+        self.horizon = horizon_h if horizon_h is not None else (
+            sc["horizon_days"] * 24.0 if sc["horizon_days"] else None)
+        self.rep = sc["repair"]
+        self.check_interval = policy.get("check_interval_min", self.rep["check_interval_min"]) * H
+        self.owner = [-1] * self.N  # job index, -1 idle, -2 out of service
+        self.slot = [0] * self.N
+        self.recs: dict[int, NodeRec] = {}
+        self.idle: list[int] = []
+        self.idle_pos: dict[int, int] = {}
+        self.lemons_initial: list[int] = []
+        self.stats = {"spares_used": 0, "retired": 0, "repairs": 0, "repair_actions": {}, "mttr": [],
+                      "proactive_drains": 0, "escalations": 0, "faults": 0, "faults_idle": 0, "brain_calls": 0, "approvals": 0,
+                      "events": 0}
+        self.waiting_jobs: list[Job] = []
+        self.out_count = 0
+        self.rack_out: dict[int, int] = {}
+        self.breaker = None
+        nid = 0
+        self.jobs: list[Job] = []
+        for i, js in enumerate(sc["jobs"]):
+            ids = list(range(nid, nid + js["nodes"]))
+            for k, n in enumerate(ids):
+                self.owner[n], self.slot[n] = i, k
+            nid += js["nodes"]
+            self.jobs.append(None)  # type: ignore[arg-type]
+            self.jobs[i] = Job(self, i, js, ids)
+        for n in range(nid, self.N):
+            self._idle_add(n)
+        lf = sc["lemons"]["fraction"]
+        if lf > 0:
+            k = int(round(lf * self.N))
+            for n in self.rng.sample(range(self.N), k):
+                self.recs[n] = NodeRec(n, lemon=True)
+                self.lemons_initial.append(n)
+        self.jobs_left = len(self.jobs)
+        self.all_done = self.env.event()
+        for f in sc["faults"]:
+            self.env.process(self._fault_process(f))
+        lem_classes = [f for f in sc["faults"] if f["lemon"] and f["scope"] == "node" and f["per_node_h"]]
+        if self.lemons_initial and lem_classes:
+            self.env.process(self._lemon_process(lem_classes))
+
+    # --- checkpoint interval -------------------------------------------------------------------------------------
+    def job_rate(self, job_spec: dict) -> float:
+        n = job_spec["nodes"]
+        r = 0.0
+        for f in self.sc["faults"]:
+            if f["scope"] == "job" and f.get("job_mtbf_h"):
+                r += 1.0 / f["job_mtbf_h"]
+            elif f["per_node_h"]:
+                r += f["per_node_h"] * n
+                if f["lemon"] and f["scope"] == "node":
+                    r += f["per_node_h"] * n * self.sc["lemons"]["fraction"] * (self.sc["lemons"]["multiplier"] - 1)
+        return r
+
+    def checkpoint_interval(self, job: Job) -> float:
+        ci = job.spec["checkpoint_interval_min"]
+        if not isinstance(ci, str):
+            return ci * H
+        delta = job.spec["checkpoint_cost_min"] * H
+        lam = self.job_rate(job.spec)
+        if lam <= 0 or delta <= 0:
+            return math.inf if delta > 0 else 1.0
+        m = 1.0 / lam
+        return young(delta, m) if ci == "young" else daly(delta, m)
+
+    # --- pools -----------------------------------------------------------------------------------------------------
+    def _idle_add(self, n: int) -> None:
+        self.owner[n] = -1
+        self.idle_pos[n] = len(self.idle)
+        self.idle.append(n)
+
+    def _idle_remove(self, n: int) -> None:
+        i = self.idle_pos.pop(n)
+        last = self.idle.pop()
+        if last != n:
+            self.idle[i] = last
+            self.idle_pos[last] = i
+
+    def remove_from_job(self, job: Job, n: int, f: Failure) -> None:
+        if self.owner[n] != job.idx:
+            return
+        s = self.slot[n]
+        job.nodes[s] = -1
+        job.missing.append(s)
+        if self.policy["spares"] == "none":
+            job.reserved[s] = n
+        self._take_out(n)
+        job.slow.pop(n, None)
+        self.start_repair(n, f)
+
+    def fill_slots(self, job: Job) -> float:
+        """Put nodes into the job's empty slots; return when the last swap is done."""
+        ready = self.env.now
+        spares = self.policy["spares"]
+        for s in list(job.missing):
+            if spares == "none":
+                continue
+            if not self.idle:
+                break
+            n = self.idle[self.rng.randrange(len(self.idle))]
+            self._idle_remove(n)
+            self._place(job, s, n)
+            self.stats["spares_used"] += 1
+            swap = self.rep["hot_swap_min"] if spares == "hot" else self.rep["cold_swap_min"]
+            ready = max(ready, self.env.now + swap["sample"](self.rng) * H)
+        if job.missing and job not in self.waiting_jobs:
+            self.waiting_jobs.append(job)
+        return ready
+
+    def _place(self, job: Job, s: int, n: int) -> None:
+        job.missing.remove(s)
+        job.reserved.pop(s, None)
+        job.nodes[s] = n
+        self.owner[n], self.slot[n] = job.idx, s
+
+    def node_returns(self, n: int) -> None:
+        rec = self.recs.get(n)
+        if rec is not None:
+            rec.state, rec.fault, rec.verdict = "healthy", None, None
+            rec.token += 1
+            if not rec.lemon:
+                # keep the history a while for the brain's lemon logic; drop plain healthy records
+                if not rec.attempts:
+                    del self.recs[n]
+        for job in list(self.waiting_jobs):
+            for s, want in list(job.reserved.items()):
+                if want == n:
+                    self._place(job, s, n)
+                    self._wake(job)
+                    return
+            if self.policy["spares"] != "none" and job.missing:
+                s = job.missing[0]
+                self._place(job, s, n)
+                self.stats["spares_used"] += 1
+                self._wake(job)
+                return
+        self._idle_add(n)
+
+    def _wake(self, job: Job) -> None:
+        if not job.missing and job in self.waiting_jobs:
+            self.waiting_jobs.remove(job)
+        if job.wake is not None and not job.wake.triggered:
+            job.wake.succeed()
+
+    def job_done(self, job: Job) -> None:
+        self.jobs_left -= 1
+        for n in job.nodes:
+            if n >= 0 and self.owner[n] == job.idx:
+                self._idle_add(n)
+        if self.jobs_left == 0 and not self.all_done.triggered:
+            self.all_done.succeed()
+
+    # --- fault arrival -------------------------------------------------------------------------------------------
+    def _fault_process(self, f: dict):
+        env, rng = self.env, self.rng
+        scope = f["scope"]
+        if scope == "job":
+            return  # drawn inside each job process (Job._sleep)
+        if scope == "rack":
+            n_racks = max(1, math.ceil(self.N / self.rack))
+            total = (f["per_node_h"] or 0.0) * self.N
+        else:
+            total = (f["per_node_h"] or 0.0) * self.N
+        if total <= 0:
+            return
+        k = f["weibull_shape"]
+        horizon = self.horizon or 24.0 * 365
+        cum = 0.0
+        while True:
+            if k == 1.0:
+                yield env.timeout(rng.expovariate(total))
+            else:
+                # fleet-age Weibull hazard with the same expected count over the horizon: L(t) = total*T*(t/T)^k
+                cum += rng.expovariate(1.0)
+                t_next = horizon * (cum / (total * horizon)) ** (1.0 / k)
+                yield env.timeout(max(0.0, t_next - env.now))
+            self.stats["events"] += 1
+            if scope == "rack":
+                self._strike_rack(rng.randrange(n_racks), f)
+            else:
+                self._strike_node(rng.randrange(self.N), f)
+
+    def _lemon_process(self, classes: list[dict]):
+        env, rng = self.env, self.rng
+        mult = self.sc["lemons"]["multiplier"] - 1.0
+        weights = [f["per_node_h"] * mult for f in classes]
+        per_lemon = sum(weights)
+        total = per_lemon * len(self.lemons_initial)
+        if total <= 0:
+            return
+        while True:
+            yield env.timeout(rng.expovariate(total))
+            self.stats["events"] += 1
+            n = self.lemons_initial[rng.randrange(len(self.lemons_initial))]
+            rec = self.recs.get(n)
+            if rec is None or not rec.lemon:
+                continue
+            x = rng.random() * per_lemon
+            for f, w in zip(classes, weights):
+                x -= w
+                if x <= 0:
+                    break
+            self._strike_node(n, f)
+
+    def _can_fail(self, n: int) -> bool:
+        o = self.owner[n]
+        if o == -2:
+            return False
+        rec = self.recs.get(n)
+        if rec is not None and rec.state not in ("healthy", "precursor"):
+            return False
+        if o == -1:
+            return self.sc["cluster"]["idle_nodes_fail"]
+        job = self.jobs[o]
+        if job.done:
+            return self.sc["cluster"]["idle_nodes_fail"]
+        return job.computing or job.spec["faults_while_down"]
+
+    def _rec(self, n: int) -> NodeRec:
+        rec = self.recs.get(n)
+        if rec is None:
+            rec = self.recs[n] = NodeRec(n)
+        return rec
+
+    def job_fault(self, job: Job) -> None:
+        """A job-scope fault drawn by the job itself (called from inside the job process)."""
+        self.stats["events"] += 1
+        x = self.rng.random() * job.jf_rate
+        for f, r in job.jf_classes:
+            x -= r
+            if x <= 0:
+                break
+        self._strike_job(job, f, inside=True)
+
+    def _strike_job(self, job: Job, f: dict, inside: bool = False) -> None:
+        if job.done or not (job.computing or job.spec["faults_while_down"]):
+            return
+        self.stats["faults"] += 1
+        self._count(job, f)
+        now = self.env.now
+        human = self.policy["repair"] == "manual" and self.policy["identify"] == "human"
+        detect = now + f["job_detect_min"]["sample"](self.rng) * H
+        if human:
+            detect = self.human_ready(detect)
+        if f["effect"] == "straggler":
+            return  # job-wide slowdowns are not modelled at job scope
+        fl = Failure(None, f, now, detect, human, remove=False)
+        if inside:
+            job.pending.append(fl)
+        else:
+            job.interrupt(fl)
+
+    def _strike_rack(self, r: int, f: dict) -> None:
+        nodes = [n for n in range(r * self.rack, min(self.N, (r + 1) * self.rack)) if self._can_fail(n)]
+        if not nodes:
+            return
+        now = self.env.now
+        out = f["outage_h"]["sample"](self.rng)
+        hit_jobs = {}
+        for n in nodes:
+            o = self.owner[n]
+            if o >= 0 and not self.jobs[o].done:
+                hit_jobs.setdefault(o, []).append(n)
+            elif o == -1:
+                self._take_out(n)
+                self.env.process(self._outage_return(n, out))
+        self.stats["faults"] += 1
+        for o, ns in hit_jobs.items():
+            job = self.jobs[o]
+            self._count(job, f)
+            detect = now + f["job_detect_min"]["sample"](self.rng) * H
+            for n in ns:
+                job.interrupt(Failure(n, f, now, detect, False, remove=False))
+                s = self.slot[n]
+                job.nodes[s] = -1
+                job.missing.append(s)
+                job.reserved[s] = n  # the rack comes back as a whole
+                self._take_out(n)
+                self.env.process(self._outage_return(n, out))
+            if job not in self.waiting_jobs:
+                self.waiting_jobs.append(job)
+
+    def _outage_return(self, n: int, out: float):
+        yield self.env.timeout(out)
+        self.stats["mttr"].append(out)
+        self._bring_back(n)
+        self.node_returns(n)
+
+    def _count(self, job: Job, f: dict) -> None:
+        job.interruptions += 1
+        job.by_class[f["name"]] = job.by_class.get(f["name"], 0) + 1
+
+    def _strike_node(self, n: int, f: dict) -> None:
+        if not self._can_fail(n):
+            return
+        rec = self.recs.get(n)
+        if rec is not None and rec.state == "precursor":
+            return
+        now = self.env.now
+        o = self.owner[n]
+        if o == -1 or (o >= 0 and self.jobs[o].done):
+            if f["effect"] != "crash" or f["scope"] == "job" or not f["hardware"]:
+                return  # software and stragglers need a running job
+            self.stats["faults_idle"] += 1
+            rec = self._rec(n)
+            rec.state, rec.fault, rec.since = "failed", f, now
+            self._take_out(n)
+            self.start_repair(n, Failure(n, f, now, now, False, True))
+            return
+        job = self.jobs[o]
+        if f["scope"] == "node" and not f["hardware"] and f["category"] in ("software", "unknown"):
+            # a per-node rate for a job-level fault: restart on the same nodes
+            self._strike_job(job, f)
+            return
+        self.stats["faults"] += 1
+        if f["effect"] == "straggler":
+            self._straggle(job, n, f)
+            return
+        if f["effect"] == "silent":
+            rec = self._rec(n)
+            rec.state, rec.fault, rec.since = "failed", f, now
+            rollback = job.ckpt_work
+            tok = rec.token
+            self.env.process(self._silent(job, n, f, rollback, tok))
+            return
+        pre = f["precursor"]
+        if pre and self.rng.random() < pre["share"]:
+            rec = self._rec(n)
+            rec.state, rec.fault, rec.since = "precursor", f, now
+            lead = pre["lead_h"]["sample"](self.rng)
+            self.env.process(self._precursor(job, n, f, lead, rec.token))
+            return
+        self._crash(job, n, f)
+
+    def _crash(self, job: Job, n: int, f: dict) -> None:
+        now = self.env.now
+        rec = self._rec(n)
+        rec.state, rec.fault, rec.since = "failed", f, now
+        rec.failures += 1
+        self._count(job, f)
+        d_job = f["job_detect_min"]["sample"](self.rng) * H
+        detect = now + d_job
+        human = False
+        if self.policy["detection"] == "passive" and self.rng.random() < f["visible"]:
+            v = self.brain.judge(tuple(f["kmsg"]))
+            rec.verdict = v
+            if v["verdict"] == "unhealthy":
+                detect = min(detect, now + self.rng.random() * self.check_interval +
+                             self.rep["check_detect_min"]["sample"](self.rng) * H)
+        if self.policy["identify"] == "human" and rec.verdict is None:
+            human = True
+            detect = self.human_ready(detect)
+        job.interrupt(Failure(n, f, now, detect, human, remove=True))
+
+    def _precursor(self, job: Job, n: int, f: dict, lead: float, tok: int):
+        env = self.env
+        rec = self.recs[n]
+        fail_at = env.now + lead
+        if self.policy["detection"] == "passive" and self.rng.random() < f["visible"]:
+            seen = env.now + self.rng.random() * self.check_interval
+            v = self.brain.judge(tuple(f["precursor"]["kmsg"]))
+            if v["verdict"] in ("unhealthy", "degraded") and v.get("action") not in (None, "none", "observe"):
+                act_at = seen
+                if self.policy["repair"] == "approval":
+                    act_at = seen + self.approval_delay(seen) - seen
+                elif self.policy["repair"] == "manual":
+                    act_at = self.human_ready(seen)
+                if act_at < fail_at:
+                    yield env.timeout(act_at - env.now)
+                    if rec.token != tok or rec.state != "precursor" or self.owner[n] != job.idx or job.done:
+                        return
+                    rec.verdict = v
+                    rec.state = "drained"
+                    self.stats["proactive_drains"] += 1
+                    self._count(job, f)
+                    job.interrupt(Failure(n, f, env.now, env.now, False, remove=True, planned=True))
+                    return
+        yield env.timeout(max(0.0, fail_at - env.now))
+        if rec.token != tok or rec.state != "precursor":
+            return
+        o = self.owner[n]
+        if o == job.idx and not job.done and (job.computing or job.spec["faults_while_down"]):
+            self.stats["faults"] += 0
+            self._crash(job, n, f)
+        elif o == -1 and self.sc["cluster"]["idle_nodes_fail"]:
+            rec.state = "failed"
+            self._take_out(n)
+            self.start_repair(n, Failure(n, f, env.now, env.now, False, True))
+        else:
+            rec.state = "healthy"
+
+    def _silent(self, job: Job, n: int, f: dict, rollback: float, tok: int):
+        env = self.env
+        yield env.timeout(f["silent_detect_h"]["sample"](self.rng))
+        rec = self.recs.get(n)
+        if rec is None or rec.token != tok or self.owner[n] != job.idx or job.done:
+            return
+        self._count(job, f)
+        detect = env.now
+        if self.policy["identify"] == "human":
+            detect = self.human_ready(detect)
+        job.interrupt(Failure(n, f, env.now, detect, False, remove=True, rollback_to=rollback))
+
+    def _straggle(self, job: Job, n: int, f: dict):
+        if n in job.slow:
+            return
+        job.slow[n] = f["slowdown"]
+        job.set_rate()
+        self.env.process(self._straggle_end(job, n, f))
+
+    def _straggle_end(self, job: Job, n: int, f: dict):
+        env = self.env
+        ep = f["episode_min"]["sample"](self.rng) * H
+        end = env.now + ep
+        evict = None
+        if self.policy["detection"] == "passive" and self.rng.random() < f["visible"] and f["kmsg"]:
+            v = self.brain.judge(tuple(f["kmsg"]))
+            if v["verdict"] in ("unhealthy", "degraded") and v.get("action") not in (None, "none", "observe"):
+                evict = env.now + self.rng.random() * self.check_interval
+                if self.policy["repair"] == "approval":
+                    evict = self.approval_delay(evict)
+                elif self.policy["repair"] == "manual":
+                    evict = self.human_ready(evict)
+        if evict is not None and evict < end:
+            yield env.timeout(evict - env.now)
+            if n in job.slow and self.owner[n] == job.idx and not job.done:
+                job.slow.pop(n, None)
+                job.set_rate()
+                rec = self._rec(n)
+                rec.state, rec.fault, rec.since = "drained", f, env.now
+                self.stats["proactive_drains"] += 1
+                self._count(job, f)
+                job.interrupt(Failure(n, f, env.now, env.now, False, remove=True, planned=True))
+            return
+        yield env.timeout(ep)
+        if job.slow.pop(n, None) is not None:
+            job.set_rate()
+
+    # --- people ----------------------------------------------------------------------------------------------------
+    def business_open(self, t: float) -> float:
+        """The first time >= t when someone is at work (the run starts Monday 00:00)."""
+        bh = self.rep["business_hours"]
+        if bh is None:
+            return t
+        for _ in range(15):
+            day = int(t // 24)
+            hour = t - day * 24
+            if day % 7 < bh["weekdays"]:
+                if hour < bh["start"]:
+                    return day * 24 + bh["start"]
+                if hour < bh["end"]:
+                    return t
+            t = (day + 1) * 24
+        return t
+
+    def human_ready(self, t: float) -> float:
+        t = self.business_open(t)
+        return self.business_open(t + self.rep["human_response_min"]["sample"](self.rng) * H)
+
+    def approval_delay(self, t: float) -> float:
+        spec = self.policy.get("approval_delay_min")
+        if spec is not None:
+            from .dists import parse_duration
+
+            sampler = parse_duration("policy.approval_delay_min", spec)[0]
+        else:
+            sampler = self.rep["approval_delay_min"]["sample"]
+        self.stats["approvals"] += 1
+        return t + sampler(self.rng) * H
+
+    # --- repair ------------------------------------------------------------------------------------------------------
+    def _take_out(self, n: int) -> None:
+        if self.owner[n] == -1:
+            self._idle_remove(n)
+        self.owner[n] = -2
+        self.out_count += 1
+        r = n // self.rack
+        self.rack_out[r] = self.rack_out.get(r, 0) + 1
+
+    def _bring_back(self, n: int) -> None:
+        self.out_count -= 1
+        r = n // self.rack
+        left = self.rack_out.get(r, 0) - 1
+        if left > 0:
+            self.rack_out[r] = left
+        else:
+            self.rack_out.pop(r, None)
+
+    def fleet_counts(self, n: int) -> dict:
+        """The fleet as the repair brain takes it: counts per partition and failure domain, no node lists."""
+        r = n // self.rack
+        rack_total = min(self.rack, self.N - r * self.rack)
+        hot = self.policy["spares"] == "hot"
+        return {"total": self.N,
+                "partitions": {PARTITION: {"total": self.N, "available": self.N - self.out_count,
+                                           "unavailable": self.out_count,
+                                           "spares_idle": len(self.idle) if hot else 0}},
+                "domains": {"rack": {f"r{r}": {"total": rack_total,
+                                               "available": rack_total - self.rack_out.get(r, 0),
+                                               "unavailable": self.rack_out.get(r, 0)}}}}
+
+    # --- repair: the collection's repair policy decides every step -------------------------------------------------
+    def start_repair(self, n: int, f: Failure) -> None:
+        rec = self._rec(n)
+        if rec.state in ("repair", "retired"):
+            return
+        if rec.state == "healthy":
+            rec.state, rec.fault = "failed", f.fault
+        rec.since = f.t
+        self.env.process(self._repair(n, rec))
+
+    def _report_for(self, rec: NodeRec) -> dict:
+        lines = tuple(rec.fault["kmsg"]) if rec.fault else ()
+        if rec.fault and rec.state == "drained" and rec.fault.get("precursor") and not lines:
+            lines = tuple(rec.fault["precursor"]["kmsg"])
+        return self.brain.judge(lines) if lines else self.brain.healthy_report()
+
+    def _repair(self, n: int, rec: NodeRec):
+        env, rng = self.env, self.rng
+        out_since = env.now
+        proactive = rec.state == "drained"
+        rec.state = "repair"
+        mode = self.policy["repair"]
+        acts = self.rep["actions"]
+        fixed = False
+        if proactive and rec.fault and rec.fault.get("precursor"):
+            v = self.brain.judge(tuple(rec.fault["precursor"]["kmsg"]))
+        else:
+            v = self._report_for(rec)
+        ours = v["verdict"] in ("unhealthy", "degraded") and v["action"] not in ("none", "monitor")
+        now_s = to_epoch(env.now)
+        sl = rec.slurm
+        if sl is None:
+            sl = rec.slurm = {"name": f"node{n:06d}", "partition": PARTITION,
+                              "domains": {"rack": f"r{n // self.rack}"}, "history": None}
+        sl.update({"state": "IDLE+DRAIN" if ours else "DOWN",
+                   "reason": f"gpufleet: {v['code']}" if ours else "Not responding",
+                   "reason_user": "root" if ours else "slurm", "reason_time": now_s,
+                   "report": v["report"], "report_time": now_s})
+        approvals: set = set()
+        for _guard in range(200):
+            self.stats["brain_calls"] += 1
+            d = self.brain.plan_node(sl, self.fleet_counts(n), env.now, approvals=approvals,
+                                     breaker=self.breaker)
+            a = d.action
+            if a == "wait":
+                sl["history"] = d.history if d.history is not None else sl["history"]
+                yield env.timeout(max(to_hours(d.earliest) - env.now, 1.0 * H))
+                continue
+            if a in ("hold", "escalate"):
+                # the brain hands the node to a person: someone diagnoses it and fixes it by hand
+                if a == "escalate" and d.history_after is not None:
+                    sl["history"] = d.history_after
+                elif d.history is not None:
+                    sl["history"] = d.history
+                self.stats["escalations"] += 1
+                if d.rule == "breaker":
+                    yield env.timeout(self.human_ready(env.now) - env.now)
+                    self.breaker = None
+                    continue
+                while True:
+                    yield env.timeout(self.human_ready(env.now) - env.now)
+                    action = rec.fault["fixed_by"] if rec.fault else "reboot"
+                    ok = yield from self._do(rec, action)
+                    if ok:
+                        break
+                fixed = True
+                sl.update({"state": "IDLE", "reason": "", "reason_user": "", "reason_time": None,
+                           "report": self.brain.healthy_report()["report"], "report_time": to_epoch(env.now)})
+                break
+            if d.needs_approval and not d.approved:
+                yield env.timeout(self.approval_delay(env.now) - env.now)
+                approvals.add(d.approval_key)
+                continue
+            if mode == "manual":
+                yield env.timeout(self.human_ready(env.now) - env.now)
+            if d.history_after is not None:
+                sl["history"] = d.history_after
+            if a == "drain":
+                sl.update({"state": "IDLE+DRAIN", "reason": f"gpufleet: {d.code}", "reason_user": "root",
+                           "reason_time": to_epoch(env.now)})
+                continue
+            if a == "resume":
+                sl.update({"state": "IDLE", "reason": "", "reason_user": "", "reason_time": None})
+                fixed = True
+                break
+            if a in LEVEL:
+                if d.rule == "lemon":
+                    self.stats["retired"] += 1
+                ok = yield from self._do(rec, a)
+                rep = self.brain.healthy_report() if ok else self._report_for(rec)
+                sl.update({"report": rep["report"], "report_time": to_epoch(env.now)})
+                continue
+            raise RuntimeError(f"repair brain returned an action the simulator does not know: {a}")
+        if not fixed:
+            raise RuntimeError(f"node {n}: the repair brain did not settle after 200 decisions")
+        self.stats["repairs"] += 1
+        self.stats["mttr"].append(env.now - out_since)
+        self._bring_back(n)
+        self.node_returns(n)
+
+    def _do(self, rec: NodeRec, action: str):
+        """Carry out one repair step; True when the node's fault is fixed."""
+        env, rng = self.env, self.rng
+        acts = self.rep["actions"]
+        dur = acts[action]["duration_min"]["sample"](rng) * H
+        if action == "replace":
+            dur += self.rep["rma_lead_days"]["sample"](rng) * 24.0
+        yield env.timeout(dur + self.rep["verify_min"]["sample"](rng) * H)
+        self.stats["repair_actions"][action] = self.stats["repair_actions"].get(action, 0) + 1
+        need = LEVEL[rec.fault["fixed_by"]] if rec.fault else 0
+        ok = LEVEL[action] >= need and rng.random() < acts[action]["success"]
+        rec.attempts.append((env.now, action, ok))
+        if ok:
+            if rec.lemon and LEVEL[action] >= LEVEL[self.sc["lemons"]["cured_by"]]:
+                rec.lemon = False
+            rec.fault = None
+        return ok
+
+    # --- run ---------------------------------------------------------------------------------------------------------
+    def run(self) -> dict:
+        if self.horizon is not None:
+            stop = self.env.timeout(self.horizon)
+            self.env.run(until=simpy.AnyOf(self.env, [stop, self.all_done]))
+        else:
+            self.env.run(until=self.all_done)
+        end = self.env.now
+        for job in self.jobs:
+            if not job.done:
+                if job.computing and job.phase == "compute":
+                    job.work += job._progress(job.seg_start, job.seg_rate)
+                job._enter("end")
+        return self.result(end)
+
+    def result(self, end: float) -> dict:
+        jobs = []
+        for job in self.jobs:
+            if job.done:
+                wall = job.phase_t
+            else:
+                wall = end
+            useful = job.work  # work since the last checkpoint counts at the end of the horizon
+            jobs.append({
+                "name": job.name, "gpus": job.gpus, "wall_h": wall, "work_h": useful,
+                "ettr": useful / wall if wall > 0 else 0.0,
+                "interruptions": job.interruptions, "by_class": dict(job.by_class),
+                "lost_work_h": job.lost_work, "buckets": dict(job.buckets),
+                "downtime_mean_h": (sum(job.downtimes) / len(job.downtimes)) if job.downtimes else 0.0,
+            })
+        return {"end_h": end, "jobs": jobs, "stats": self.stats}
+
+
+def young(delta: float, m: float) -> float:
+    return math.sqrt(2.0 * delta * m)
+
+
+def daly(delta: float, m: float) -> float:
+    if delta >= 2.0 * m:
+        return m
+    x = delta / (2.0 * m)
+    return math.sqrt(2.0 * delta * m) * (1.0 + math.sqrt(x) / 3.0 + x / 9.0) - delta
+
+
+def daly_wall(ts: float, tau: float, delta: float, restart: float, m: float) -> float:
+    return m * math.exp(restart / m) * (math.exp((tau + delta) / m) - 1.0) * ts / tau

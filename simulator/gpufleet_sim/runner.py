@@ -1,0 +1,109 @@
+"""Run a scenario under one or more policies over several seeds; aggregate metrics with 95 % CIs."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from .dists import mean_ci
+from .engine import Sim
+from .policies import resolve
+
+CAUSES = ("lost_work", "detection", "restart", "waiting", "checkpoint", "straggler")
+
+
+def run_one(sc: dict, policy: dict, seed: int, brain=None, horizon_h: float | None = None) -> dict:
+    """One seed of one policy: the per-seed metrics dict."""
+    if brain is None:
+        from .brain import default_brain
+
+        brain = default_brain(sc, "approval" if policy["repair"] == "approval" else "automatic")
+    sim = Sim(sc, policy, seed, brain, horizon_h=horizon_h)
+    res = sim.run()
+    jobs = res["jobs"]
+    st = res["stats"]
+    wall_gpu_h = sum(j["wall_h"] * j["gpus"] for j in jobs)
+    work_gpu_h = sum(j["work_h"] * j["gpus"] for j in jobs)
+    lost = {c: 0.0 for c in CAUSES}
+    for j in jobs:
+        lost["lost_work"] += j["lost_work_h"] * j["gpus"]
+        for c in ("detection", "restart", "waiting", "checkpoint", "straggler"):
+            lost[c] += j["buckets"][c] * j["gpus"]
+    by_class: dict[str, int] = {}
+    for j in jobs:
+        for k, v in j["by_class"].items():
+            by_class[k] = by_class.get(k, 0) + v
+    inter = sum(j["interruptions"] for j in jobs)
+    lost_total = sum(lost.values())
+    mttr = st["mttr"]
+    job_wall = sum(j["wall_h"] for j in jobs)
+    return {
+        "seed": seed,
+        "ettr": work_gpu_h / wall_gpu_h if wall_gpu_h else 0.0,
+        "interruptions": inter,
+        "interruptions_by_class": by_class,
+        "lost_gpu_hours": lost_total,
+        "lost_gpu_hours_by_cause": lost,
+        "mttr_hours": (sum(mttr) / len(mttr)) if mttr else 0.0,
+        "spares_used": st["spares_used"],
+        "nodes_retired": st["retired"],
+        "proactive_drains": st["proactive_drains"],
+        "repairs": st["repairs"],
+        "repair_actions": dict(st["repair_actions"]),
+        "cost_usd": lost_total * sc["price_per_gpu_hour"],
+        "job_mttf_hours": (job_wall / inter) if inter else float("inf"),
+        "wall_h": job_wall / max(1, len(jobs)),
+        "useful_gpu_hours": work_gpu_h,
+        "events": st["events"],
+    }
+
+
+def aggregate(per_seed: list[dict], classes: list[str]) -> dict:
+    out: dict = {}
+    for k in ("ettr", "interruptions", "lost_gpu_hours", "mttr_hours", "cost_usd", "spares_used", "nodes_retired",
+              "proactive_drains", "job_mttf_hours", "wall_h", "repairs"):
+        out[k] = mean_ci([float(r[k]) for r in per_seed])
+    out["interruptions_by_class"] = {c: mean_ci([float(r["interruptions_by_class"].get(c, 0)) for r in per_seed])
+                                     for c in classes}
+    out["lost_gpu_hours_by_cause"] = {c: mean_ci([r["lost_gpu_hours_by_cause"][c] for r in per_seed])
+                                      for c in CAUSES}
+    acts: dict[str, list] = {}
+    for r in per_seed:
+        for a in r["repair_actions"]:
+            acts.setdefault(a, [])
+    out["repair_actions"] = {a: mean_ci([float(r["repair_actions"].get(a, 0)) for r in per_seed]) for a in acts}
+    out["seeds"] = len(per_seed)
+    return out
+
+
+def run_scenario(sc: dict, policies: list | None = None, seeds: int | None = None, brain=None,
+                 progress: Callable[[int, int], None] | None = None, seed0: int = 1) -> dict:
+    """All policies x seeds. Returns the JSON-ready result (schema in docs/simulator.md)."""
+    t0 = time.perf_counter()
+    pols = [resolve(p, f"policies[{i}]") if not isinstance(p, dict) or "detection" not in p else p
+            for i, p in enumerate(policies or sc["policies"])]
+    n = seeds or sc["seeds"]
+    from .brain import default_brain
+
+    brains = {}
+    classes = [f["name"] for f in sc["faults"]]
+    out = {"scenario": sc["name"], "seeds": n, "price_per_gpu_hour": sc["price_per_gpu_hour"],
+           "gpus": sc["cluster"]["nodes"] * sc["cluster"]["gpus_per_node"], "policies": {}, "per_seed": {}}
+    total = len(pols) * n
+    done = 0
+    for p in pols:
+        rows = []
+        mode = "approval" if p["repair"] == "approval" else "automatic"
+        b = brain or brains.setdefault(mode, default_brain(sc, mode))
+        for s in range(seed0, seed0 + n):
+            rows.append(run_one(sc, p, s, b))
+            done += 1
+            if progress:
+                progress(done, total)
+        agg = aggregate(rows, classes)
+        agg["label"] = p.get("label", p["name"])
+        agg["knobs"] = {k: p[k] for k in ("detection", "repair", "spares", "identify")}
+        out["policies"][p["name"]] = agg
+        out["per_seed"][p["name"]] = rows
+    out["wall_s"] = time.perf_counter() - t0
+    return out
