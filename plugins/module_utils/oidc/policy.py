@@ -86,7 +86,7 @@ def check_groups(cfg: OIDCConfig, claims: Dict[str, Any]) -> None:
 def authorise(cfg: OIDCConfig, claims: Dict[str, Any], login_user: Optional[str] = None) -> str:
     """Map the claims to a local user, apply the gate and (for PAM) compare with the login user."""
     user = map_user(cfg, claims)
-    check_groups(cfg, claims)
     if login_user is not None and user != login_user:
         raise NotAuthorised(f"token user {user!r} != login user {login_user!r}")
+    check_groups(cfg, claims)
     return user

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import secrets
+import select
 import shutil
 import subprocess
 import sys
@@ -226,7 +227,7 @@ class PamEnv:
     def __init__(self, root: Path):
         self.root = root
         self.lib = root / "lib"
-        self.lib.mkdir()
+        self.lib.mkdir(parents=True)
         (self.lib / "gpufleet_oidc").symlink_to(OIDC_PKG)
         self.entry = root / "pam_gpufleet_oidc.py"
         shutil.copy(PAM_ENTRY, self.entry)
@@ -256,42 +257,44 @@ class PamEnv:
 @pytest.fixture
 def pam_env(tmp_path, local_users):
     env = PamEnv(tmp_path / "pam")
-    env.root.mkdir(exist_ok=True) if not env.root.exists() else None
     yield env
     env.cleanup()
 
 
 def pamtester(service: str, user: str, answer_fn, timeout: float = 60) -> tuple[int, str]:
-    """Run pamtester; ``answer_fn(prompt_text)`` returns the line to type at the prompt."""
+    """Run pamtester; ``answer_fn(prompt_text)`` returns the line to type at the (single) prompt."""
     proc = subprocess.Popen(["pamtester", "-v", service, user, "authenticate"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=0)
-    out = []
-    deadline = time.monotonic() + timeout
-    buf = ""
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return converse(proc, answer_fn, timeout)
+
+
+def converse(proc: subprocess.Popen, answer_fn, timeout: float, is_prompt=None) -> tuple[int, str]:
+    """Read the process output; when a prompt appears, answer it once. Returns (rc, output)."""
+    is_prompt = is_prompt or (lambda b: b.rstrip().endswith(":") and ("token" in b or "Press Enter" in b))
+    fd = proc.stdout.fileno()
+    out = b""
+    pending = ""
     answered = False
-    os.set_blocking(proc.stdout.fileno(), False)
+    deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
-            chunk = proc.stdout.read()
-            if chunk:
-                buf += chunk
-                out.append(chunk)
-            if not answered and (buf.rstrip().endswith(":")) and ("token" in buf or "Press Enter" in buf):
-                line = answer_fn(buf)
-                proc.stdin.write(line + "\n")
-                proc.stdin.flush()
-                answered = True
-                buf = ""
-            if proc.poll() is not None:
-                rest = proc.stdout.read()
-                if rest:
-                    out.append(rest)
+            r, _, _ = select.select([fd], [], [], 0.2)
+            if r:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                out += chunk
+                pending += chunk.decode("utf-8", "replace")
+                if not answered and is_prompt(pending):
+                    line = answer_fn(pending)
+                    proc.stdin.write((line + "\n").encode())
+                    proc.stdin.flush()
+                    answered = True
+                    pending = ""
+            elif proc.poll() is not None:
                 break
-            time.sleep(0.02)
-        else:
-            proc.kill()
     finally:
         if proc.poll() is None:
             proc.kill()
-        proc.wait(5)
-    return proc.returncode, "".join(out)
+        proc.wait(10)
+    return proc.returncode, out.decode("utf-8", "replace")
