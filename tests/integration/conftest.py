@@ -73,7 +73,11 @@ class SlurmLab:
 
     # ---- reading ---------------------------------------------------------------------------------------------
     def node_states(self) -> dict:
-        """{node: (sinfo %T state, reason)}; reason is '' when Slurm says none."""
+        """{node: (sinfo %T state, reason)}; reason is '' when Slurm says none.
+
+        Slurm 24.11 keeps the last reason on a node after RESUME (22.05 clears it): compare states, or the
+        reason only while the node is drained/down.
+        """
         out = self.run("sinfo", "-h", "-N", "-o", "%N|%T|%E").stdout
         states = {}
         for line in out.splitlines():
