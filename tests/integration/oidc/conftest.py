@@ -298,3 +298,104 @@ def converse(proc: subprocess.Popen, answer_fn, timeout: float, is_prompt=None) 
             proc.kill()
         proc.wait(10)
     return proc.returncode, out.decode("utf-8", "replace")
+
+
+# ---------------------------------------------------------------- sshd
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Sshd:
+    """A real sshd on 127.0.0.1 under a symlinked name, so its PAM service is that name."""
+
+    def __init__(self, root: Path, pam_service: str, users: list[str]):
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.key = root / "host_ed25519"
+        r = _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.key))
+        assert r.returncode == 0, r.stderr
+        self.binary = root / pam_service  # sshd 9.2 has no PAMServiceName: argv[0] is the service
+        self.binary.symlink_to("/usr/sbin/sshd")
+        self.config = root / "sshd_config"
+        self.config.write_text(
+            f"ListenAddress 127.0.0.1\nPort {self.port}\nHostKey {self.key}\nPidFile {root / 'sshd.pid'}\n"
+            "UsePAM yes\nKbdInteractiveAuthentication yes\nPasswordAuthentication no\nPubkeyAuthentication no\n"
+            "PermitRootLogin no\nAuthenticationMethods keyboard-interactive\n"
+            f"AllowUsers {' '.join(users)}\nMaxAuthTries 2\nLoginGraceTime 60\nStrictModes no\n")
+        self.log = root / "sshd.log"
+        self.proc = None
+
+    def start(self) -> Sshd:
+        r = _run(str(self.binary), "-t", "-f", str(self.config))
+        assert r.returncode == 0, r.stderr
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen([str(self.binary), "-D", "-e", "-f", str(self.config)],
+                                         stdout=log, stderr=subprocess.STDOUT)
+        import socket
+
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return self
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"sshd exited: {self.log.read_text()}")
+                time.sleep(0.05)
+        raise RuntimeError("sshd did not listen")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+@pytest.fixture
+def sshd_factory(tmp_path):
+    made_run_sshd = not os.path.isdir("/run/sshd")
+    if made_run_sshd:
+        os.makedirs("/run/sshd", mode=0o755)  # sshd's privilege-separation directory
+    started: list[Sshd] = []
+
+    def make(pam_service: str) -> Sshd:
+        s = Sshd(tmp_path / f"sshd-{len(started)}", pam_service, list(USERS)).start()
+        started.append(s)
+        return s
+
+    yield make
+    for s in started:
+        s.stop()
+    if made_run_sshd:
+        with __import__("contextlib").suppress(OSError):
+            os.rmdir("/run/sshd")
+
+
+def ssh_login(port: int, user: str, answer_fn, timeout: float = 60) -> tuple[int, str]:
+    """OpenSSH client in a pty (keyboard-interactive); runs `id -un` on success."""
+    import pexpect
+
+    child = pexpect.spawn("ssh", ["-p", str(port), "-o", "StrictHostKeyChecking=no", "-o",
+                                  "UserKnownHostsFile=/dev/null", "-o", "PreferredAuthentications=keyboard-interactive",
+                                  "-o", "NumberOfPasswordPrompts=1", "-o", "LogLevel=ERROR", "-F", "/dev/null",
+                                  f"{user}@127.0.0.1", "id -un"], timeout=timeout, encoding="utf-8")
+    out = ""
+    try:
+        idx = child.expect([r"Press Enter here after you have approved: ", r"OIDC access token: ",
+                            pexpect.EOF, pexpect.TIMEOUT])
+        out += child.before + (child.after if isinstance(child.after, str) else "")
+        if idx in (0, 1):
+            child.sendline(answer_fn(out))
+            child.expect([pexpect.EOF, pexpect.TIMEOUT])
+            out += child.before
+    finally:
+        child.close(force=True)
+    return child.exitstatus if child.exitstatus is not None else 255, out
