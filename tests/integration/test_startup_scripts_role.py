@@ -38,8 +38,6 @@ def role_vars(root: Path, **extra):
         ],
     }
     v.update(extra)
-    if os.environ.get("_STARTUP_DEV_NO_SLURM"):  # TEMP until slurm.py lands
-        v["startup_scripts_lib_files"] = ["startup/__init__.py", "startup/scripts.py", "startup/runner.py"]
     return v
 
 
@@ -58,8 +56,11 @@ def apply_role(tmp_path: Path, monkeypatch, extravars: dict):
     )
     failures = [e["event_data"].get("res") for e in r.events if e["event"] == "runner_on_failed"]
     assert r.status == "successful" and r.rc == 0, failures or r.stdout.read()
-    changed_tasks = [e["event_data"]["task"] for e in r.events
-                     if e["event"] == "runner_on_ok" and e["event_data"]["res"].get("changed")]
+    changed_tasks = [
+        f'{e["event_data"]["task"]}: {e["event_data"]["res"].get("_ansible_item_label", "")}'
+        for e in r.events
+        if e["event"] in ("runner_on_ok", "runner_item_on_ok") and e["event_data"]["res"].get("changed")
+    ]
     return r, changed_tasks
 
 
@@ -69,12 +70,13 @@ def test_role_twice_is_unchanged_and_units_verify(tmp_path, monkeypatch):
     r1, changed1 = apply_role(tmp_path, monkeypatch, extravars)
     assert r1.stats["changed"].get("node", 0) > 0
     r2, changed2 = apply_role(tmp_path, monkeypatch, extravars)
-    assert changed2 == [] and r2.stats["changed"].get("node", 0) == 0
+    assert changed2 == [], changed2
+    assert r2.stats["changed"].get("node", 0) == 0
 
     systemd = root / "etc/systemd/system"
     unit = (systemd / "gpufleet-startup.service").read_text()
     assert "Before=slurmd.service" in unit and "Type=oneshot" in unit
-    assert f'--node "node3"' in unit and '--role worker' in unit
+    assert '--node "node3"' in unit and '--role worker' in unit
     assert f'Environment="SLURM_CONF={root}/etc/slurm/slurm.conf"' in unit
     dropin = (systemd / "slurmd.service.d/gpufleet-startup.conf").read_text()
     assert "After=gpufleet-startup.service" in dropin and "Wants=gpufleet-startup.service" in dropin
@@ -82,7 +84,7 @@ def test_role_twice_is_unchanged_and_units_verify(tmp_path, monkeypatch):
         systemd / "gpufleet-startup.service")
     # copied, not linked, and identical to the collection's files
     lib = root / "opt/gpufleet/lib/ansible_collections/gpufleet/reliability/plugins/module_utils"
-    for rel in extravars.get("startup_scripts_lib_files", ["startup/runner.py", "startup/scripts.py", "startup/__init__.py", "slurm.py"]):
+    for rel in ("startup/runner.py", "startup/scripts.py", "startup/__init__.py", "slurm.py"):
         assert not (lib / rel).is_symlink()
         assert (lib / rel).read_bytes() == (REPO / "plugins/module_utils" / rel).read_bytes()
 

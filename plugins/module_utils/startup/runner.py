@@ -321,8 +321,8 @@ class Runner:
                 out["reason"] = reason
         except SlurmError as exc:
             out["error"] = str(exc)
-        except OSError as exc:
-            out["error"] = f"cannot run Slurm commands: {exc}"
+        except (OSError, ValueError) as exc:
+            out["error"] = f"cannot update Slurm node {node!r}: {exc}"
         return out
 
     # -- run --------------------------------------------------------------------------------------------------
