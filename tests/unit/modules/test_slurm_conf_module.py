@@ -116,7 +116,8 @@ def test_backup(localhost, conf):
     ({"nodes": [{"CPUs": 4}]}, "nodes[0]: NodeName is required"),
     ({"nodes": [{"NodeName": "n1", "state": "UP"}]}, "nodes[0].state must be present or absent"),
     ({"nodes": [{"NodeName": "n1", "Port": "high"}]}, "nodes[0]: NodeName=n1: Port='high' is not valid"),
-    ({"partitions": [{"PartitionName": "p", "Default": "perhaps"}]}, "Default='perhaps' is not valid: expected a boolean"),
+    ({"partitions": [{"PartitionName": "p", "Default": "perhaps"}]},
+     "Default='perhaps' is not valid: expected a boolean"),
 ])
 def test_bad_input_fails_clearly_and_leaves_the_file(localhost, conf, args, message):
     res = slurm_conf(localhost, path=str(conf), **args)
