@@ -1,0 +1,223 @@
+"""gpufleet-sim: run | sweep | validate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from . import scenario as scn
+from .dists import SpecError, mean_ci
+from .policies import load_file, resolve
+
+
+def _progress_factory(total_hint: int):
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover
+        return None, None
+    bar = tqdm(total=total_hint, unit="run", file=sys.stderr, disable=None, leave=False)
+
+    def cb(done, total):
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    return cb, bar
+
+
+def _policies(args, sc) -> list:
+    out = []
+    for p in args.policy or []:
+        if p.endswith((".yaml", ".yml")) and os.path.exists(p):
+            out += load_file(p)
+        else:
+            out.append(resolve(p, f"--policy {p}"))
+    return out or [resolve(p, f"policies[{i}]") for i, p in enumerate(sc["policies"])]
+
+
+def cmd_run(args) -> int:
+    from .report import table, write_all, write_json
+    from .runner import run_scenario
+
+    sc = scn.load(args.scenario)
+    pols = _policies(args, sc)
+    seeds = args.seeds or sc["seeds"]
+    cb, bar = _progress_factory(len(pols) * seeds)
+    res = run_scenario(sc, pols, seeds=seeds, progress=cb)
+    if bar is not None:
+        bar.close()
+    if args.out:
+        files = write_all(res, Path(args.out))
+        print(files["table"])
+        print(f"wrote {files['html']}, {files['csv']}, " + ", ".join(str(p) for p in files["pngs"]))
+    elif args.json != "-":
+        print(table(res))
+    if args.json:
+        write_json(res, args.json)
+    return 0
+
+
+def _sweep_point(job):
+    raw, assign, policy, seeds = job
+    from .runner import run_one
+
+    sc = scn.validate(scn.override(raw, assign))
+    pol = resolve(policy) if isinstance(policy, str) else policy
+    rows = [run_one(sc, pol, s) for s in range(1, seeds + 1)]
+    return {"assign": assign, "ettr": mean_ci([r["ettr"] for r in rows]),
+            "lost_gpu_hours": mean_ci([r["lost_gpu_hours"] for r in rows]),
+            "cost_usd": mean_ci([r["cost_usd"] for r in rows])}
+
+
+def _parse_value(v: str):
+    try:
+        return json.loads(v)
+    except ValueError:
+        return v
+
+
+def cmd_sweep(args) -> int:
+    sc = scn.load(args.scenario)
+    sw = sc["sweep"]
+    param = args.param or sw.get("param")
+    if not param:
+        raise SpecError("--param: expected a dotted scenario field (or sweep.param in the scenario)")
+    values = [_parse_value(v) for v in args.values.split(",")] if args.values else sw.get("values")
+    if not values:
+        raise SpecError("--values: expected comma-separated values (or sweep.values in the scenario)")
+    policy = args.policy or sw.get("policy") or (sc["policies"][0])
+    seeds = args.seeds or sc["seeds"]
+    jobs = []
+    for v in values:
+        assign = {param: v}
+        if param.endswith("approval_delay_min") and isinstance(v, (int, float)) and v == 0:
+            assign = {param: {"dist": "fixed", "value": 0}}
+        jobs.append((sc["raw"], assign, policy, seeds))
+    if args.task is not None:  # one point, inside a Slurm array task
+        res = _sweep_point(jobs[args.task])
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        tmp = Path(args.out) / f".point-{args.task}.json"
+        tmp.write_text(json.dumps(res, default=float))
+        os.replace(tmp, Path(args.out) / f"point-{args.task}.json")
+        return 0
+    if args.slurm:
+        return _sweep_slurm(args, len(jobs))
+    with mp.Pool(args.jobs or os.cpu_count() or 1) as pool:
+        results = pool.map(_sweep_point, jobs)
+    return _sweep_report(args, param, results)
+
+
+def _sweep_report(args, param, results) -> int:
+    best = max(results, key=lambda r: r["ettr"]["mean"])
+    out = {"param": param, "points": results, "best": best}
+    for r in results:
+        v = list(r["assign"].values())[0]
+        print(f"{param} = {json.dumps(v)}: ETTR {r['ettr']['mean'] * 100:.2f} %, lost GPU-h "
+              f"{r['lost_gpu_hours']['mean']:,.0f}, cost ${r['cost_usd']['mean']:,.0f}")
+    print(f"best: {param} = {json.dumps(list(best['assign'].values())[0])}")
+    if args.json:
+        data = json.dumps(out, indent=2, default=float)
+        if args.json == "-":
+            print(data)
+        else:
+            Path(args.json).write_text(data)
+    return 0
+
+
+def _sweep_slurm(args, n: int) -> int:
+    """Submit the points as one Slurm job array (sbatch --wait), then collect and report."""
+    out = Path(args.out or "out/sweep").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "gpufleet_sim.cli", "sweep", os.path.abspath(args.scenario), "--out", str(out),
+            "--task", "$SLURM_ARRAY_TASK_ID"]
+    for k in ("param", "values", "policy"):
+        if getattr(args, k):
+            argv += [f"--{k}", str(getattr(args, k))]
+    if args.seeds:
+        argv += ["--seeds", str(args.seeds)]
+    cmd = " ".join(shlex.quote(a) if not a.startswith("$") else f'"{a}"' for a in argv)
+    script = out / "sweep.sbatch"
+    script.write_text("#!/usr/bin/env bash\n#SBATCH --job-name=gpufleet-sweep\n"
+                      f"#SBATCH --array=0-{n - 1}\n#SBATCH --output={out}/slurm-%A_%a.out\n"
+                      f"export PYTHONPATH={shlex.quote(os.pathsep.join(sys.path[1:]))}\n{cmd}\n")
+    sb = [args.sbatch or "sbatch", "--wait", "--parsable"] + (shlex.split(args.slurm_args) if args.slurm_args else [])
+    r = subprocess.run(sb + [str(script)], capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"sbatch failed ({r.returncode}): {r.stderr.strip()}", file=sys.stderr)
+        return 2
+    results = []
+    for i in range(n):
+        p = out / f"point-{i}.json"
+        if not p.exists():
+            print(f"array task {i} wrote no result ({p})", file=sys.stderr)
+            return 2
+        results.append(json.loads(p.read_text()))
+    param = args.param or scn.load(args.scenario)["sweep"].get("param")
+    return _sweep_report(args, param, results)
+
+
+def cmd_validate(args) -> int:
+    from .validate import run_all
+
+    res = run_all(quick=args.quick)
+    w = max(len(c["case"]) for c in res["cases"])
+    if args.json != "-":
+        print(f"{'case'.ljust(w)}  {'expected':>10}  {'measured':>10}  {'tolerance':>22}  result")
+        for c in res["cases"]:
+            print(f"{c['case'].ljust(w)}  {c['expected']:>10.4g}  {c['measured']:>10.4g}  {c['tolerance']:>22}  "
+                  f"{'PASS' if c['pass'] else 'FAIL'}")
+        print(f"{'all passed' if res['passed'] else 'FAILED'} in {res['wall_s']:.1f} s")
+    if args.json:
+        data = json.dumps(res, indent=2, default=float)
+        if args.json == "-":
+            print(data)
+        else:
+            Path(args.json).write_text(data)
+    return 0 if res["passed"] else 1
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="gpufleet-sim", description="Fault-injection simulator for GPU fleets: "
+                                 "which repair policy saves the most GPU-hours")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run a scenario under one or more policies")
+    r.add_argument("scenario")
+    r.add_argument("--policy", action="append", help="built-in policy name or a policy YAML file (repeatable)")
+    r.add_argument("--seeds", type=int)
+    r.add_argument("--out", help="directory for the table, CSV, JSON, PNG plots and HTML report")
+    r.add_argument("--json", help="write the JSON result to PATH, or - for stdout")
+    r.set_defaults(fn=cmd_run)
+    s = sub.add_parser("sweep", help="vary one scenario parameter and report the best setting")
+    s.add_argument("scenario")
+    s.add_argument("--param", help="dotted scenario field, e.g. jobs[0].checkpoint_interval_min")
+    s.add_argument("--values", help="comma-separated values (JSON each)")
+    s.add_argument("--policy")
+    s.add_argument("--seeds", type=int)
+    s.add_argument("--jobs", type=int, help="local worker processes (default: all cores)")
+    s.add_argument("--slurm", action="store_true", help="run the points as a Slurm job array")
+    s.add_argument("--sbatch", help="sbatch command (default: sbatch on PATH)")
+    s.add_argument("--slurm-args", help="extra sbatch arguments, e.g. '--partition=debug'")
+    s.add_argument("--task", type=int, help=argparse.SUPPRESS)
+    s.add_argument("--out")
+    s.add_argument("--json")
+    s.set_defaults(fn=cmd_sweep)
+    v = sub.add_parser("validate", help="run the published validation cases; exit 0 only if all pass")
+    v.add_argument("--json")
+    v.add_argument("--quick", action="store_true", help="fewer seeds (the tolerances still hold)")
+    v.set_defaults(fn=cmd_validate)
+    args = ap.parse_args(argv)
+    try:
+        return args.fn(args)
+    except SpecError as e:
+        print(f"gpufleet-sim: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

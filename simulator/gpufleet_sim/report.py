@@ -1,0 +1,236 @@
+"""Outputs of `gpufleet-sim run`: a terminal table, CSV, JSON, PNG plots (matplotlib Agg) and an HTML report."""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from .runner import CAUSES
+
+CAUSE_LABEL = {"lost_work": "work lost since checkpoint", "detection": "detection + finding the node",
+               "restart": "restart", "waiting": "waiting for a node", "checkpoint": "checkpoint stalls",
+               "straggler": "slow nodes (stragglers)"}
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+def _fmt(ci: dict, digits: int = 1, pct: bool = False) -> str:
+    m, (lo, hi) = ci["mean"], ci["ci95"]
+    if pct:
+        return f"{m * 100:.1f} % ±{(hi - lo) / 2 * 100:.1f}"
+    return f"{m:,.{digits}f} ±{(hi - lo) / 2:,.{digits}f}"
+
+
+def table(res: dict) -> str:
+    hdr = ["policy", "ETTR", "interruptions", "lost GPU-h", "cost $", "node MTTR h", "spares used", "retired"]
+    rows = []
+    for name, p in res["policies"].items():
+        rows.append([name, _fmt(p["ettr"], pct=True), _fmt(p["interruptions"]), _fmt(p["lost_gpu_hours"], 0),
+                     _fmt(p["cost_usd"], 0), _fmt(p["mttr_hours"]), _fmt(p["spares_used"]), _fmt(p["nodes_retired"])])
+    w = [max(len(str(r[i])) for r in rows + [hdr]) for i in range(len(hdr))]
+    line = lambda r: "  ".join(str(c).ljust(w[i]) if i == 0 else str(c).rjust(w[i]) for i, c in enumerate(r))  # noqa: E731
+    out = [f"{res['scenario']}: {res['gpus']:,} GPUs, {res['seeds']} seeds, mean ±95 % CI half-width, "
+           f"${res['price_per_gpu_hour']:g}/GPU-h", line(hdr), line(["-" * x for x in w])]
+    out += [line(r) for r in rows]
+    best = max(res["policies"].items(), key=lambda kv: kv[1]["ettr"]["mean"])
+    worst = min(res["policies"].items(), key=lambda kv: kv[1]["ettr"]["mean"])
+    saved = worst[1]["lost_gpu_hours"]["mean"] - best[1]["lost_gpu_hours"]["mean"]
+    out.append(f"best: {best[0]} — saves {saved:,.0f} GPU-hours (${saved * res['price_per_gpu_hour']:,.0f}) "
+               f"against {worst[0]}")
+    return "\n".join(out)
+
+
+def public_json(res: dict) -> dict:
+    """The documented JSON: wall_s and policies.<name>.{ettr, interruptions, ...} as {mean, ci95}."""
+    pols = {}
+    for name, p in res["policies"].items():
+        pols[name] = {k: p[k] for k in ("ettr", "interruptions", "interruptions_by_class", "lost_gpu_hours",
+                                        "lost_gpu_hours_by_cause", "mttr_hours", "cost_usd", "spares_used",
+                                        "nodes_retired", "proactive_drains", "repair_actions")}
+        pols[name]["label"] = p["label"]
+        pols[name]["knobs"] = p["knobs"]
+    return {"scenario": res["scenario"], "gpus": res["gpus"], "seeds": res["seeds"],
+            "price_per_gpu_hour": res["price_per_gpu_hour"], "wall_s": res["wall_s"], "policies": pols}
+
+
+def write_json(res: dict, target: str) -> None:
+    data = json.dumps(public_json(res), indent=2, default=float)
+    if target == "-":
+        print(data)
+    else:
+        _atomic_write(Path(target), data.encode())
+
+
+def write_csv(res: dict, out: Path) -> Path:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    classes = sorted({c for p in res["policies"].values() for c in p["interruptions_by_class"]})
+    w.writerow(["policy", "seed", "ettr", "interruptions", "lost_gpu_hours"] + [f"lost_{c}" for c in CAUSES] +
+               ["mttr_hours", "cost_usd", "spares_used", "nodes_retired", "proactive_drains"] +
+               [f"int_{c}" for c in classes])
+    for name, rows in res["per_seed"].items():
+        for r in rows:
+            w.writerow([name, r["seed"], f"{r['ettr']:.5f}", r["interruptions"], f"{r['lost_gpu_hours']:.1f}"] +
+                       [f"{r['lost_gpu_hours_by_cause'][c]:.1f}" for c in CAUSES] +
+                       [f"{r['mttr_hours']:.2f}", f"{r['cost_usd']:.0f}", r["spares_used"], r["nodes_retired"],
+                        r["proactive_drains"]] + [r["interruptions_by_class"].get(c, 0) for c in classes])
+    p = out / "results.csv"
+    _atomic_write(p, buf.getvalue().encode())
+    return p
+
+
+def plots(res: dict, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(res["policies"])
+    pol = res["policies"]
+    labels = [pol[n]["label"] for n in names]
+    short = [n.replace("+", "+\n") for n in names]
+    files = []
+    colors = ["#c0392b", "#e67e22", "#2980b9", "#27ae60", "#8e44ad", "#7f8c8d", "#16a085"]
+
+    # 1. ETTR with CI
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    m = [pol[n]["ettr"]["mean"] * 100 for n in names]
+    err = [(pol[n]["ettr"]["ci95"][1] - pol[n]["ettr"]["ci95"][0]) / 2 * 100 for n in names]
+    bars = ax.bar(range(len(names)), m, yerr=err, capsize=6, color=colors[:len(names)])
+    for b, v in zip(bars, m):
+        ax.text(b.get_x() + b.get_width() / 2, v + 0.4, f"{v:.1f} %", ha="center", va="bottom", fontsize=10)
+    ax.set_xticks(range(len(names)), short, fontsize=9)
+    lo = max(0.0, min(m) - 10)
+    ax.set_ylim(lo, 100)
+    ax.set_ylabel("ETTR: useful training time / wall time (%)")
+    ax.set_title(f"{res['scenario']}: effective training time ratio per policy\n"
+                 f"({res['gpus']:,} GPUs, mean of {res['seeds']} seeds, bars = 95 % CI; higher is better)")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    p = out / "ettr.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    files.append(p)
+
+    # 2. lost GPU-hours by cause, stacked, with $ on a second axis
+    fig, ax = plt.subplots(figsize=(9, 5))
+    bottom = [0.0] * len(names)
+    ccol = {"lost_work": "#c0392b", "detection": "#e67e22", "restart": "#f1c40f", "waiting": "#8e44ad",
+            "checkpoint": "#3498db", "straggler": "#95a5a6"}
+    for c in CAUSES:
+        vals = [pol[n]["lost_gpu_hours_by_cause"][c]["mean"] / 1000 for n in names]
+        if not any(vals):
+            continue
+        ax.bar(range(len(names)), vals, bottom=bottom, label=CAUSE_LABEL[c], color=ccol[c])
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    price = res["price_per_gpu_hour"]
+    for i, tot in enumerate(bottom):
+        ax.text(i, tot * 1.01, f"{tot:,.1f}k GPU-h\n${tot * 1000 * price / 1e6:,.2f} M", ha="center",
+                va="bottom", fontsize=9)
+    ax.set_xticks(range(len(names)), short, fontsize=9)
+    ax.set_ylabel("lost GPU-hours (thousands)")
+    ax.set_ylim(0, max(bottom) * 1.25 if max(bottom) > 0 else 1)
+    ax.set_title(f"Where the GPU-hours go, per policy (at ${price:g}/GPU-hour; lower is better)")
+    ax.legend(fontsize=9, loc="upper right")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    p = out / "lost_gpu_hours.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    files.append(p)
+
+    # 3. interruptions by class (top classes), grouped
+    classes = sorted({c for n in names for c in pol[n]["interruptions_by_class"]},
+                     key=lambda c: -max(pol[n]["interruptions_by_class"][c]["mean"] for n in names))[:8]
+    fig, ax = plt.subplots(figsize=(10, 5))
+    width = 0.8 / len(names)
+    for i, n in enumerate(names):
+        vals = [pol[n]["interruptions_by_class"][c]["mean"] for c in classes]
+        ax.bar([k + i * width for k in range(len(classes))], vals, width, label=labels[i], color=colors[i])
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(classes))], [c.replace("_", " ") for c in classes],
+                  rotation=20, ha="right", fontsize=9)
+    ax.set_ylabel("job interruptions per run (mean)")
+    ax.set_title("Job interruptions by fault class (proactive drains of warned nodes included)")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    p = out / "interruptions_by_class.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    files.append(p)
+    return files
+
+
+def write_html(res: dict, out: Path, pngs: list[Path], table_text: str) -> Path:
+    pol = res["policies"]
+    best = max(pol.items(), key=lambda kv: kv[1]["ettr"]["mean"])
+    worst = min(pol.items(), key=lambda kv: kv[1]["ettr"]["mean"])
+    price = res["price_per_gpu_hour"]
+    saved = worst[1]["lost_gpu_hours"]["mean"] - best[1]["lost_gpu_hours"]["mean"]
+    e = html.escape
+    rows = []
+    for name, p in pol.items():
+        lost = p["lost_gpu_hours"]["mean"]
+        top = max(CAUSES, key=lambda c: p["lost_gpu_hours_by_cause"][c]["mean"])
+        rows.append(
+            f"<tr{' class=best' if name == best[0] else ''}><td><b>{e(name)}</b><br><small>{e(p['label'])}</small></td>"
+            f"<td>{_fmt(p['ettr'], pct=True)}</td><td>{_fmt(p['interruptions'])}</td>"
+            f"<td>{lost:,.0f}</td><td>${p['cost_usd']['mean']:,.0f}</td><td>{e(CAUSE_LABEL[top])}</td>"
+            f"<td>{_fmt(p['mttr_hours'])}</td><td>{_fmt(p['spares_used'])}</td>"
+            f"<td>{_fmt(p['proactive_drains'])}</td></tr>")
+    knobs = "".join(
+        f"<tr><td>{e(n)}</td><td>{e(p['knobs']['detection'])}</td><td>{e(p['knobs']['repair'])}</td>"
+        f"<td>{e(p['knobs']['spares'])}</td><td>{e(p['knobs']['identify'])}</td></tr>" for n, p in pol.items())
+    imgs = "".join(f'<figure><img src="{e(p.name)}" alt="{e(p.stem)}"></figure>' for p in pngs)
+    doc = f"""<!doctype html><html><head><meta charset="utf-8"><title>gpufleet-sim: {e(res['scenario'])}</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222;line-height:1.45}}
+table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:.35em .6em;text-align:right}}
+td:first-child,th:first-child{{text-align:left}}th{{background:#f3f3f3}}tr.best{{background:#eafaf1}}
+.key{{font-size:1.15em;background:#f7f9fc;border-left:4px solid #2980b9;padding:.6em 1em}}
+img{{max-width:100%;border:1px solid #ddd}}figure{{margin:1em 0}}small{{color:#666}}pre{{background:#f7f7f7;padding:.5em}}</style>
+</head><body>
+<h1>Which repair policy saves the most GPU-hours?</h1>
+<p>Scenario <b>{e(res['scenario'])}</b>: {res['gpus']:,} GPUs, {res['seeds']} seeds per policy,
+GPU-hour price ${price:g}. Every number is a mean over seeds; ± is the half-width of its 95 % confidence interval.</p>
+<p class="key"><b>{e(best[0])}</b> keeps the job training {best[1]['ettr']['mean'] * 100:.1f} % of the time and
+saves <b>{saved:,.0f} GPU-hours (${saved * price:,.0f})</b> against <b>{e(worst[0])}</b>
+({worst[1]['ettr']['mean'] * 100:.1f} %).</p>
+<table><tr><th>policy</th><th>ETTR</th><th>job interruptions</th><th>lost GPU-hours</th><th>cost of lost time</th>
+<th>largest loss</th><th>node MTTR (h)</th><th>spares used</th><th>proactive drains</th></tr>{''.join(rows)}</table>
+<p><small>ETTR = useful training time / wall time of the job. Lost GPU-hours = job GPUs x hours not spent on useful work
+(work redone after a failure, detection and finding the bad node, restart, waiting for a replacement node, checkpoint
+stalls, slow nodes). Node MTTR = time from a node's fault until it is back in service. Proactive drains: nodes taken
+out on a warning (precursor) at a checkpoint, before they crashed the job.</small></p>
+{imgs}
+<h2>What the policies are</h2>
+<table><tr><th>policy</th><th>detection</th><th>repair</th><th>spares</th><th>bad node found by</th></tr>{knobs}</table>
+<p><small>Which symptom is unhealthy and which repair step comes next are decided by the collection's own health rules
+(<code>plugins/module_utils/health</code>) and repair policy (<code>plugins/module_utils/repair</code>); a policy only
+sets who acts and how fast. Per-seed numbers: <a href="results.csv">results.csv</a>; all metrics:
+<a href="results.json">results.json</a>.</small></p>
+<pre>{e(table_text)}</pre>
+<p><small>Run time {res['wall_s']:.1f} s.</small></p></body></html>"""
+    p = out / "report.html"
+    _atomic_write(p, doc.encode())
+    return p
+
+
+def write_all(res: dict, out: Path) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    t = table(res)
+    csvp = write_csv(res, out)
+    write_json(res, str(out / "results.json"))
+    pngs = plots(res, out)
+    htmlp = write_html(res, out, pngs, t)
+    return {"table": t, "csv": csvp, "pngs": pngs, "html": htmlp}
