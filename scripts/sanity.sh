@@ -8,9 +8,10 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 build=${GPUFLEET_BUILD_DIR:-/tmp/gpufleet-build-$(printf %s "$repo" | md5sum | cut -c1-8)}
 dest="$build/ansible_collections/gpufleet/reliability"
 pybin="$build/pybin"
+rm -rf "$dest"
 mkdir -p "$dest" "$pybin"
 cd "$repo"
-git ls-files -co --exclude-standard -z | rsync -a --delete --delete-excluded --from0 --files-from=- ./ "$dest/"
+git ls-files -co --exclude-standard -z | rsync -a --from0 --files-from=- ./ "$dest/"
 # Only the real interpreters go on PATH (pyenv's shims print "command not found" for versions not selected).
 pythons=()
 for v in 3.9 3.10 3.11 3.12 3.13; do
