@@ -708,15 +708,20 @@ class SlurmClient:
             return targets
         return self._update(targets, "State=RESUME")
 
-    def reboot(self, names, reason, nextstate="resume", asap=True):
-        reason = self._need_reason(reason, "reboot")
+    def reboot(self, names, reason=None, nextstate="resume", asap=True):
+        """``scontrol reboot [ASAP] nextstate=... [reason=...] <hostlist>`` (reason optional, as in Slurm)."""
+        if reason is not None:
+            reason = self._need_reason(reason, "reboot")
         if nextstate not in NEXT_STATES:
             raise ValueError(f"nextstate must be one of {', '.join(NEXT_STATES)}; got {nextstate!r}")
         targets = self._targets(names)
         argv = [self.scontrol, "reboot"]
         if asap:
             argv.append("ASAP")
-        argv += [f"nextstate={nextstate.upper()}", f"reason={reason}", self.compress_hostlist(targets)]
+        argv.append(f"nextstate={nextstate.upper()}")
+        if reason:
+            argv.append(f"reason={reason}")
+        argv.append(self.compress_hostlist(targets))
         self._run(argv)
         return targets
 
