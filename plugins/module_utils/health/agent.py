@@ -1,0 +1,391 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Node agent ``gpufleet-health``: probe, judge, report, and (with --slurm) drain its own node.
+
+Runs from the console script in ``.venv`` for development, and on nodes from the copy the gpu_health role puts
+in /opt/gpufleet/lib (``python3 -m ansible_collections.gpufleet.reliability.plugins.module_utils.health.agent``),
+as Slurm's HealthCheckProgram and from a systemd timer. The exit code follows the verdict: 0 healthy,
+1 degraded, 2 unhealthy, 3 unknown; 64 for bad usage or input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+from . import judge
+from .model import PROBE_FAILED, Snapshot
+from .report import ACTION_ORDER, VERDICTS, Report
+from .smi import read_nvidia_smi_text, read_nvidia_smi_xml
+from .state import atomic_write, load_state, save_state
+from .xid_catalog_data import CATALOG_VERSION
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
+REASON_PREFIX = "gpufleet:"
+EXIT_USAGE = 64
+PROM_FILE = "gpufleet_health.prom"
+
+
+class UsageError(Exception):
+    pass
+
+
+def _fix_environment(env=None) -> None:
+    """HealthCheckProgram and systemd start us with (almost) no environment: give PATH and SLURM_CONF defaults."""
+    env = os.environ if env is None else env
+    path = env.get("PATH", "")
+    parts = [p for p in path.split(":") if p]
+    for p in DEFAULT_PATH.split(":"):
+        if p not in parts:
+            parts.append(p)
+    env["PATH"] = ":".join(parts)
+    if not env.get("SLURM_CONF") and os.path.exists(DEFAULT_SLURM_CONF):
+        env["SLURM_CONF"] = DEFAULT_SLURM_CONF
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpufleet-health", description="Passive GPU node health check.")
+    sub = p.add_subparsers(dest="command")
+    c = sub.add_parser("check", help="probe the GPUs and the kernel log, print the verdict")
+    src = c.add_mutually_exclusive_group()
+    src.add_argument("--nvidia-smi-xml", metavar="FILE", help="replay an `nvidia-smi -q -x` capture")
+    src.add_argument("--nvidia-smi-text", metavar="FILE", help="replay an `nvidia-smi -q` capture")
+    src.add_argument("--snapshot-json", metavar="FILE", help="replay a snapshot written by --record")
+    src.add_argument("--fake-nvml", metavar="FILE", help="probe a fake NVML configured from JSON/YAML")
+    c.add_argument("--kmsg", metavar="FILE", help="captured kernel log instead of /dev/kmsg ('-' = none)")
+    c.add_argument("--as-of", choices=("now", "latest"), help="judge kernel events as of now, or as of the newest "
+                   "dated line (default: latest for --kmsg FILE, now for /dev/kmsg)")
+    c.add_argument("--expected-gpus", type=int, metavar="N")
+    c.add_argument("--config", metavar="FILE", help="rules config (JSON, or YAML when PyYAML is there)")
+    c.add_argument("--state-file", metavar="FILE", help="state carried between runs (rates, sticky events)")
+    c.add_argument("--json", action="store_true", help="print the report as JSON")
+    c.add_argument("--slurm", action="store_true", help="drain this node when unhealthy (never resumes)")
+    c.add_argument("--node", metavar="NAME", help="Slurm node name (default: $SLURMD_NODENAME or the hostname)")
+    c.add_argument("--textfile", metavar="DIR", help="write Prometheus metrics for node_exporter's textfile dir")
+    c.add_argument("--record", metavar="DIR", help="also save the snapshot and kernel log as a fixture")
+    c.add_argument("--deadline", type=float, default=20.0, metavar="S", help="NVML probe deadline (default 20)")
+    c.add_argument("--now", type=float, metavar="EPOCH", help=argparse.SUPPRESS)
+    return p
+
+
+def _read(path: str, what: str) -> str:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read().decode("utf-8", "replace")
+    except OSError as exc:
+        raise UsageError(f"{what}: cannot read {path}: {exc.strerror}")
+
+
+def _load_mapping(path: str, what: str) -> Dict[str, Any]:
+    text = _read(path, what)
+    if path.endswith((".yml", ".yaml")):
+        try:
+            import yaml
+        except ImportError:
+            raise UsageError(f"{what} {path}: YAML needs PyYAML; use JSON")
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise UsageError(f"{what} {path}: not valid YAML: {exc}")
+    else:
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise UsageError(f"{what} {path}: not valid JSON: {exc}")
+    if not isinstance(data, dict):
+        raise UsageError(f"{what} {path}: expected a mapping at the top level")
+    return data
+
+
+def _snapshot(args) -> Snapshot:
+    if args.nvidia_smi_xml:
+        return read_nvidia_smi_xml(_read(args.nvidia_smi_xml, "--nvidia-smi-xml"))
+    if args.nvidia_smi_text:
+        return read_nvidia_smi_text(_read(args.nvidia_smi_text, "--nvidia-smi-text"))
+    if args.snapshot_json:
+        data = _load_mapping(args.snapshot_json, "--snapshot-json")
+        data = data.get("snapshot", data)
+        try:
+            return Snapshot.from_dict(data)
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"--snapshot-json {args.snapshot_json}: {exc}")
+    from .. import nvml  # the live path: pynvml in a child with a deadline (imported only when needed)
+    marker = (args.state_file + ".probe-pid") if args.state_file else None
+    try:
+        return nvml.probe_with_deadline(args.deadline, fake_nvml=args.fake_nvml, marker_path=marker)
+    except (OSError, ValueError) as exc:
+        if args.fake_nvml:
+            raise UsageError(f"--fake-nvml {args.fake_nvml}: {exc}")
+        return Snapshot(source="nvml", probe_status=PROBE_FAILED, probe_error=str(exc))
+
+
+def _kernel_lines(args, state: Dict[str, Any], notes: List[str]):
+    """(lines, new kmsg cursor or None)."""
+    if args.kmsg == "-":
+        return [], None
+    if args.kmsg:
+        return _read(args.kmsg, "--kmsg"), None
+    from .. import kmsg
+    try:
+        events, cursor = kmsg.live_events(state.get("kmsg_cursor"))
+        return events, cursor
+    except OSError as exc:
+        notes.append(f"kernel log not read: /dev/kmsg: {exc.strerror or exc}")
+        return [], None
+
+
+def node_name(args=None) -> str:
+    if args is not None and getattr(args, "node", None):
+        return args.node
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def slurm_act(report: Report, name: str, client=None) -> Dict[str, Any]:
+    """Drain our own node when unhealthy; never touch a node drained/downed by someone else; never resume."""
+    result: Dict[str, Any] = {"node": name, "action": "none", "reason": None}
+    if report.verdict != "unhealthy":
+        return result
+    reason = report.drain_reason()[:200]
+    result["reason"] = reason
+    try:
+        from ..slurm import SlurmClient, SlurmError
+    except ImportError as exc:  # pragma: no cover - the role always ships slurm.py
+        result.update(action="error", detail=f"Slurm adapter missing: {exc}")
+        return result
+    try:
+        client = client or SlurmClient(backend="cli")
+        node = client.node(name)
+        flags = set(node.flags)
+        current = (node.reason or "").strip()
+        if "DRAIN" in flags or node.state in ("down", "error") or "FAIL" in flags:
+            if current.startswith(REASON_PREFIX):
+                result.update(action="already_drained", detail=f"already drained by us: {current}")
+            else:
+                result.update(action="left_alone", detail=f"drained/down by someone else: {current or node.state}")
+            return result
+        client.drain([name], reason)
+        result["action"] = "drained"
+    except SlurmError as exc:
+        result.update(action="error", detail=str(exc))
+    except ValueError as exc:
+        result.update(action="error", detail=str(exc))
+    return result
+
+
+# ------------------------------------------------------------------ Prometheus textfile
+def _esc(v: Any) -> str:
+    return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def prometheus_text(report: Report, snap: Optional[Snapshot], duration_s: float, node: str,
+                    slurm: Optional[Dict[str, Any]] = None) -> str:
+    lines: List[str] = []
+
+    def metric(name, help_, typ, samples):
+        lines.append(f"# HELP {name} {help_}")
+        lines.append(f"# TYPE {name} {typ}")
+        for labels, value in samples:
+            lab = ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items())
+            lines.append(f"{name}{{{lab}}} {value}" if lab else f"{name} {value}")
+
+    verdict, action = report.verdict, report.action
+    metric("gpufleet_health_verdict", "Node health verdict (1 for the current one).", "gauge",
+           [({"node": node, "verdict": v}, int(v == verdict)) for v in VERDICTS])
+    metric("gpufleet_health_action", "Recommended action (1 for the current one).", "gauge",
+           [({"node": node, "action": a}, int(a == action)) for a in ACTION_ORDER])
+    metric("gpufleet_health_exit_code", "Exit code of the last check (0 healthy .. 3 unknown).", "gauge",
+           [({"node": node}, report.exit_code)])
+    counts = {s: 0 for s in ("info", "warning", "critical", "unknown")}
+    for f in report.findings:
+        counts[f.severity] += 1
+    metric("gpufleet_health_findings", "Findings of the last check by severity.", "gauge",
+           [({"node": node, "severity": s}, n) for s, n in counts.items()])
+    seen = set()
+    samples = []
+    for f in report.findings:
+        if f.severity == "info":
+            continue
+        labels = {"node": node, "check": f.check, "code": f.code, "gpu": "" if f.gpu is None else f.gpu,
+                  "severity": f.severity, "action": f.action}
+        key = tuple(labels.items())
+        if key not in seen:
+            seen.add(key)
+            samples.append((labels, 1))
+    metric("gpufleet_health_finding", "One series per non-informational finding of the last check.", "gauge",
+           samples)
+    metric("gpufleet_health_last_run_timestamp_seconds", "When the last check ran (Unix time).", "gauge",
+           [({"node": node}, f"{report.checked_at or time.time():.3f}")])
+    metric("gpufleet_health_check_duration_seconds", "Wall time of the last check.", "gauge",
+           [({"node": node}, f"{duration_s:.6f}")])
+    if slurm is not None:
+        metric("gpufleet_health_drained", "1 when this check drained the node.", "gauge",
+               [({"node": node}, int(slurm.get("action") == "drained"))])
+    if snap is not None:
+        metric("gpufleet_health_probe_ok", "1 when the GPU probe answered (ok or partial).", "gauge",
+               [({"node": node, "source": snap.source or ""}, int(snap.probe_status in ("ok", "partial")))])
+        metric("gpufleet_health_gpus_visible", "GPUs that answered the probe.", "gauge",
+               [({"node": node}, sum(1 for g in snap.gpus if not g.lost))])
+        gauges = (("gpufleet_gpu_temperature_celsius", "GPU temperature.", "temperature"),
+                  ("gpufleet_gpu_power_draw_watts", "GPU power draw.", "power_draw"),
+                  ("gpufleet_gpu_power_limit_watts", "Enforced GPU power limit.", "power_limit"),
+                  ("gpufleet_gpu_ecc_volatile_uncorrected_errors", "Uncorrectable ECC errors since the last reset.",
+                   "ecc_volatile_dbe"),
+                  ("gpufleet_gpu_remapped_rows_pending", "1 when a row remap waits for a GPU reset.",
+                   "remapped_rows_pending"),
+                  ("gpufleet_gpu_recovery_action", "NVML GPU recovery action (0 none .. 7).", "recovery_action"),
+                  ("gpufleet_gpu_lost", "1 when the GPU is lost.", "lost"))
+        for name, help_, attr in gauges:
+            samples = []
+            for g in snap.gpus:
+                v = getattr(g, attr)
+                if v is None:
+                    continue
+                samples.append(({"node": node, "gpu": g.index, "pci": g.pci or ""}, int(v) if isinstance(v, bool)
+                                else v))
+            if samples:
+                metric(name, help_, "gauge", samples)
+        samples = [({"node": node, "gpu": g.index, "pci": g.pci or ""}, g.pcie_replay_counter) for g in snap.gpus
+                   if g.pcie_replay_counter is not None]
+        if samples:
+            metric("gpufleet_gpu_pcie_replays_total", "PCIe replays since the driver loaded.", "counter", samples)
+    return "\n".join(lines) + "\n"
+
+
+def write_textfile(directory: str, text: str) -> str:
+    path = os.path.join(directory, PROM_FILE)
+    atomic_write(path, text, mode=0o644)
+    return path
+
+
+# ------------------------------------------------------------------ record
+def record(directory: str, snap: Snapshot, kernel_text: str, report: Report, deadline: float) -> str:
+    from .. import nvml
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    host = socket.gethostname().split(".")[0]
+    out = os.path.join(directory, f"{host}-{stamp}")
+    os.makedirs(out, exist_ok=True)
+    header = (f"recorded by gpufleet-health --record on {host} at {stamp}; source {snap.source}; "
+              f"driver {snap.driver_version}; catalog {CATALOG_VERSION}")
+    atomic_write(os.path.join(out, "snapshot.json"),
+                 json.dumps({"_comment": header, "snapshot": snap.to_dict()}, indent=1, sort_keys=True))
+    atomic_write(os.path.join(out, "fake-nvml.json"),
+                 json.dumps(nvml.fake_config_from_snapshot(snap), indent=1, sort_keys=True))
+    atomic_write(os.path.join(out, "kmsg.log"),
+                 f"# {header}\n# content: kernel log records as read (raw /dev/kmsg format)\n"
+                 f"# ---- verbatim below this line ----\n{kernel_text}")
+    atomic_write(os.path.join(out, "report.json"), json.dumps(report.to_dict(), indent=1))
+    smi = _nvidia_smi_xml(deadline)
+    if smi is not None:
+        atomic_write(os.path.join(out, "nvidia-smi-q-x.xml"), smi)
+    return out
+
+
+def _nvidia_smi_xml(deadline: float) -> Optional[str]:
+    import shutil
+    import subprocess
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        p = subprocess.run([exe, "-q", "-x"], capture_output=True, text=True, timeout=deadline)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return p.stdout if p.returncode == 0 else None
+
+
+# ------------------------------------------------------------------ output
+def table(report: Report, node: str, notes: List[str], slurm: Optional[Dict[str, Any]]) -> str:
+    out = [f"{node}: {report.summary}"]
+    rows = [("SEVERITY", "CHECK", "GPU", "CODE", "ACTION", "DETAIL")]
+    order = {"critical": 0, "unknown": 1, "warning": 2, "info": 3}
+    for f in sorted(report.findings, key=lambda f: order[f.severity]):
+        rows.append((f.severity, f.check, "-" if f.gpu is None else str(f.gpu), f.code, f.action, f.detail))
+    if len(rows) > 1:
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        for r in rows:
+            out.append("  ".join(r[i].ljust(widths[i]) for i in range(5)) + "  " + r[5])
+    for n in notes:
+        out.append(f"note: {n}")
+    if slurm and slurm.get("action") != "none":
+        out.append(f"slurm: {slurm['action']} {slurm['node']}" + (f" ({slurm.get('detail')})"
+                                                                   if slurm.get("detail") else ""))
+    return "\n".join(out)
+
+
+def check(args) -> int:
+    t0 = time.perf_counter()
+    notes: List[str] = []
+    cfg = _load_mapping(args.config, "--config") if args.config else {}
+    if args.expected_gpus is not None:
+        if args.expected_gpus < 0:
+            raise UsageError("--expected-gpus: expected an integer >= 0")
+        cfg["expected_gpus"] = args.expected_gpus
+    if args.as_of:
+        cfg["events_as_of"] = args.as_of
+    elif args.kmsg and args.kmsg != "-":
+        cfg.setdefault("events_as_of", "latest")
+    cfg.pop("state_path", None)  # the agent owns the state file (it adds the kmsg cursor)
+    state: Dict[str, Any] = load_state(args.state_file) if args.state_file else {}
+    snap = _snapshot(args)
+    if snap.hostname is None:
+        snap.hostname = socket.gethostname().split(".")[0]
+    lines, cursor = _kernel_lines(args, state, notes)
+    try:
+        report = judge(snap, lines, config=cfg, state=state, now=args.now)
+    except ValueError as exc:
+        raise UsageError(str(exc))
+    if args.state_file:
+        new_state = dict(report.state or {})
+        new_state["kmsg_cursor"] = cursor if cursor is not None else state.get("kmsg_cursor")
+        try:
+            save_state(args.state_file, new_state)
+        except OSError as exc:
+            notes.append(f"state not saved: {args.state_file}: {exc.strerror or exc}")
+    name = node_name(args)
+    slurm = slurm_act(report, name) if args.slurm else None
+    if slurm and slurm["action"] == "error":
+        notes.append(f"slurm: {slurm.get('detail')}")
+    if args.record:
+        kernel_text = lines if isinstance(lines, str) else "\n".join(getattr(e, "raw", str(e)) for e in lines)
+        notes.append(f"recorded to {record(args.record, snap, kernel_text, report, args.deadline)}")
+    duration = time.perf_counter() - t0
+    if args.textfile:
+        try:
+            write_textfile(args.textfile, prometheus_text(report, snap, duration, name, slurm))
+        except OSError as exc:
+            notes.append(f"textfile not written: {args.textfile}: {exc.strerror or exc}")
+    if args.json:
+        d = report.to_dict()
+        d.update({"node": name, "checked_at": report.checked_at, "catalog_version": CATALOG_VERSION,
+                  "probe": {"source": snap.source, "status": snap.probe_status, "error": snap.probe_error,
+                            "gpus": len(snap.gpus)},
+                  "notes": notes})
+        if slurm is not None:
+            d["slurm"] = slurm
+        sys.stdout.write(json.dumps(d, indent=1) + "\n")
+    else:
+        sys.stdout.write(table(report, name, notes, slurm) + "\n")
+    return report.exit_code
+
+
+def main(argv=None) -> int:
+    _fix_environment()
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command != "check":
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return check(args)
+    except UsageError as exc:
+        sys.stderr.write(f"gpufleet-health: {exc}\n")
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":  # pragma: no cover - python -m ...health.agent (how the role's wrapper runs it)
+    sys.exit(main())
