@@ -216,6 +216,15 @@ CLASS_ROWS = [
     (report(verdict="unknown", code=None, findings=[]), "probe"), (None, "probe"),
     (report(code="xid119"), "gpu"), (report(code="xid999"), "gpu"),
     (report(code="mystery"), "other"),
+    # codes the health brain emits (plugins/module_utils/health/rules.py)
+    (report(code="no_data", findings=[{"check": "probe", "severity": "unknown", "code": "no_data"}]), "probe"),
+    (report(code="probe_timeout"), "probe"), (report(code="driver_not_loaded"), "software"),
+    (report(code="nvml_missing"), "software"), (report(code="gpu_missing"), "gpu_lost"),
+    (report(code="inforom_corrupted"), "gpu"), (report(code="recovery_action"), "gpu"),
+    (report(code="reset_required"), "gpu"), (report(code="retired_pages"), "gpu_memory"),
+    (report(code="sram_threshold"), "gpu_memory"), (report(code="fabric_state"), "nvlink"),
+    (report(code="temp_shutdown"), "thermal"), (report(code="ib_down"), "other"),
+    (report(code="memory_low"), "other"), (report(code="sxid12028"), "nvlink"),
     # no top code: the most severe finding decides
     ({"verdict": "unhealthy", "action": "reboot", "findings": [
         {"check": "temperature", "severity": "warn", "code": "temp_high"},

@@ -1,0 +1,329 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: repair_plan
+short_description: Compute the fleet-wide node repair plan from Slurm and the latest health reports
+version_added: "0.1.0"
+description:
+  - Reads every node from Slurm (through the collection's Slurm adapter), the latest GPU health reports and each
+    node's compact repair history (stored in the node's Slurm C(Extra) or C(Comment) field), and asks the repair
+    policy for one decision per node that needs attention - V(wait), V(drain), V(reset_gpu), V(reboot),
+    V(reimage), V(replace), V(resume), V(escalate) or V(hold) - with a reason, an earliest time, whether it
+    needs approval, hot-spare moves and replacement-hook calls.
+  - Changes nothing. The C(gpufleet.reliability.node_repair) role executes the runnable decisions.
+  - The circuit breaker state is read from O(breaker_state_file); the state to persist is returned in RV(breaker).
+author:
+  - gpufleet.reliability contributors
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  platform:
+    support: full
+    platforms: posix
+options:
+  config:
+    description:
+      - Repair policy settings (ttl, cooldown, budget, escalate, lemon, ladders, modes, blast_radius, breaker,
+        spares, step_timeout, reason_prefix, class_map, hook_actions, resume_degraded, history_keep). See
+        docs/repair.md. Unknown keys are errors.
+    type: dict
+    default: {}
+  approvals:
+    description:
+      - Approved steps, each C(node:action:incident) (the RV(plan.decisions[].approval) of a published plan).
+      - In approval mode only these steps run.
+    type: list
+    elements: str
+    default: []
+  approvals_file:
+    description:
+      - A JSON or YAML-free file with a list of approvals (strings C(node:action:incident)), added to O(approvals).
+      - A missing file means no approvals.
+    type: path
+  reports:
+    description:
+      - Latest health reports by node name (the C(report) returned by C(gpufleet.reliability.gpu_health) or
+        written by the agent).
+    type: dict
+    default: {}
+  reports_dir:
+    description:
+      - Directory with one report per node, C(<node>.json). The file's C(checked_at) (or its mtime) is the report
+        time. Reports in O(reports) win.
+    type: path
+  breaker_state_file:
+    description:
+      - JSON file with the persisted circuit-breaker state. Missing means not tripped.
+    type: path
+  breaker_reset:
+    description:
+      - Reset a tripped breaker (a person decided the cause is gone). Failures first seen before now no longer count.
+    type: bool
+    default: false
+  history_field:
+    description:
+      - Slurm node field that holds the repair history.
+    type: str
+    choices: [extra, comment]
+    default: extra
+  spare_reason:
+    description:
+      - Hot spares are nodes drained with a reason that starts with this text. Empty disables spares.
+    type: str
+    default: "gpufleet: spare"
+  partitions:
+    description:
+      - Only nodes in these partitions. Default all.
+    type: list
+    elements: str
+    default: []
+  domain_prefixes:
+    description:
+      - Failure domains from node features, kind to feature prefix (C(rack_r12) or C(rack=r12)).
+    type: dict
+    default: {rack: rack, switch: switch}
+  now:
+    description:
+      - Epoch seconds to plan for (tests and replays). Default the controller's clock.
+    type: float
+  scontrol:
+    description:
+      - Path or name of C(scontrol).
+    type: str
+    default: scontrol
+  sinfo:
+    description:
+      - Path or name of C(sinfo).
+    type: str
+    default: sinfo
+"""
+
+EXAMPLES = r"""
+- name: Plan repairs (changes nothing)
+  gpufleet.reliability.repair_plan:
+    reports_dir: /var/lib/gpufleet/reports
+    breaker_state_file: /var/lib/gpufleet/breaker.json
+    config:
+      modes: {default: automatic, gpu_lost: approval}
+      blast_radius: {max_unavailable: "10%", domains: {rack: 2}}
+  register: repair
+
+- name: Show what would run now
+  ansible.builtin.debug:
+    msg: "{{ repair.runnable | map(attribute='node') | list }}"
+"""
+
+RETURN = r"""
+plan:
+  description: The whole plan.
+  returned: always
+  type: dict
+  contains:
+    decisions:
+      description: One decision per node that needs attention (node, action, reason, earliest, needs_approval,
+        approved, runnable, verify, failure_class, incident, partition, code, gpu, spare, hook, history,
+        history_after, stored_history, rule, approval).
+      type: list
+      elements: dict
+    breaker:
+      description: Circuit breaker state to persist.
+      type: dict
+    spare_moves:
+      description: Spares to bring in (spare, partition, for_node).
+      type: list
+      elements: dict
+    hook_calls:
+      description: Replacement / re-image hook calls (action, node, incident, idempotency_key, reason).
+      type: list
+      elements: dict
+    notes:
+      description: Fleet-wide notes (breaker).
+      type: list
+      elements: str
+    unused_approvals:
+      description: Approvals that matched no decision.
+      type: list
+      elements: list
+    counts:
+      description: Decisions per action.
+      type: dict
+runnable:
+  description: The decisions that may run now (not waiting, not held, approved where needed).
+  returned: always
+  type: list
+  elements: dict
+pending_approval:
+  description: Decisions waiting for approval, with their approval string.
+  returned: always
+  type: list
+  elements: dict
+breaker:
+  description: Circuit breaker state to persist (same as RV(plan.breaker)).
+  returned: always
+  type: dict
+breaker_changed:
+  description: Whether the breaker state differs from O(breaker_state_file).
+  returned: always
+  type: bool
+fleet:
+  description: The fleet summary the plan was made from (counts per partition and domain).
+  returned: always
+  type: dict
+spares:
+  description: Hot spare node names found.
+  returned: always
+  type: list
+  elements: str
+now:
+  description: The time the plan is for.
+  returned: always
+  type: float
+"""
+
+import json
+import os
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import BreakerState, RepairError, plan
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.fleet import build_inputs
+from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import SlurmClient, SlurmError
+
+
+def _read_json(module, path, what):
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        module.fail_json(msg=f"{what} {path}: cannot read JSON: {exc}")
+
+
+def _reports_from_dir(module, path):
+    reports, times = {}, {}
+    if not path:
+        return reports, times
+    if not os.path.isdir(path):
+        module.fail_json(msg=f"reports_dir {path}: not a directory")
+    for entry in sorted(os.listdir(path)):
+        if not entry.endswith(".json") or entry.startswith("."):
+            continue
+        full = os.path.join(path, entry)
+        data = _read_json(module, full, "report")
+        if data is None:
+            continue
+        if isinstance(data, dict) and isinstance(data.get("report"), dict):  # gpu_health module / agent wrapper
+            t = data.get("checked_at") or data["report"].get("checked_at")
+            data = data["report"]
+        else:
+            t = data.get("checked_at") if isinstance(data, dict) else None
+        if not isinstance(data, dict) or "verdict" not in data:
+            module.fail_json(msg=f"report {full}: expected a health report with a verdict")
+        name = entry[: -len(".json")]
+        reports[name] = data
+        times[name] = float(t) if isinstance(t, (int, float)) else os.stat(full).st_mtime
+    return reports, times
+
+
+def _approvals(module):
+    out = list(module.params["approvals"])
+    path = module.params["approvals_file"]
+    if path:
+        data = _read_json(module, path, "approvals_file")
+        if data is None:
+            return out
+        if isinstance(data, dict):
+            data = data.get("approvals", [])
+        if not isinstance(data, list) or not all(isinstance(a, str) for a in data):
+            module.fail_json(msg=f"approvals_file {path}: expected a JSON list of 'node:action:incident' strings")
+        out += data
+    return out
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            config=dict(type="dict", default={}),
+            approvals=dict(type="list", elements="str", default=[]),
+            approvals_file=dict(type="path"),
+            reports=dict(type="dict", default={}),
+            reports_dir=dict(type="path"),
+            breaker_state_file=dict(type="path"),
+            breaker_reset=dict(type="bool", default=False),
+            history_field=dict(type="str", choices=["extra", "comment"], default="extra"),
+            spare_reason=dict(type="str", default="gpufleet: spare"),
+            partitions=dict(type="list", elements="str", default=[]),
+            domain_prefixes=dict(type="dict", default={"rack": "rack", "switch": "switch"}),
+            now=dict(type="float"),
+            scontrol=dict(type="str", default="scontrol"),
+            sinfo=dict(type="str", default="sinfo"),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    now = p["now"] if p["now"] is not None else time.time()
+
+    def runner(argv):
+        return module.run_command(argv, environ_update={"LC_ALL": "C"})
+
+    client = SlurmClient(runner=runner, backend="cli", scontrol=p["scontrol"], sinfo=p["sinfo"])
+    try:
+        nodes = client.nodes()
+    except SlurmError as exc:
+        module.fail_json(msg=f"reading nodes from Slurm: {exc}", error=exc.to_dict())
+
+    reports, times = _reports_from_dir(module, p["reports_dir"])
+    for name, rep in (p["reports"] or {}).items():
+        if isinstance(rep, dict) and isinstance(rep.get("report"), dict):
+            times[name] = rep.get("checked_at") or now
+            rep = rep["report"]
+        reports[name] = rep
+        times.setdefault(name, now)
+
+    fleet, attention, spares = build_inputs(
+        nodes.values(), reports, times, history_field=p["history_field"], spare_reason=p["spare_reason"],
+        partitions=p["partitions"] or None, domain_prefixes=p["domain_prefixes"],
+    )
+    stored = None
+    if p["breaker_state_file"]:
+        stored = _read_json(module, p["breaker_state_file"], "breaker_state_file")
+    try:
+        breaker = BreakerState.from_dict(stored)
+        if p["breaker_reset"]:
+            breaker = breaker.reset(now)
+        result = plan(fleet, attention, p["config"], now, approvals=_approvals(module), breaker=breaker)
+    except RepairError as exc:
+        module.fail_json(msg=str(exc))
+
+    out = result.to_dict()
+    stored_by_node = {a["name"]: a["history"] for a in attention}
+    for d in out["decisions"]:
+        d["approval"] = f"{d['node']}:{d['action']}:{d['incident'] or '-'}"
+        d["stored_history"] = stored_by_node.get(d["node"], "")
+    runnable = [d for d in out["decisions"] if d["runnable"]]
+    pending = [d for d in out["decisions"] if d["needs_approval"]]
+    new_breaker = out["breaker"]
+    module.exit_json(
+        changed=False,
+        plan=out,
+        runnable=runnable,
+        pending_approval=pending,
+        breaker=new_breaker,
+        breaker_changed=(stored or BreakerState().to_dict()) != new_breaker,
+        fleet=fleet,
+        spares=spares,
+        now=now,
+    )
+
+
+if __name__ == "__main__":
+    main()

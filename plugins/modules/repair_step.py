@@ -1,0 +1,228 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: repair_step
+short_description: The Slurm side of one node repair step (history, drain, reboot, escalate, resume, spare)
+version_added: "0.1.0"
+description:
+  - Carries out the Slurm part of a decision of C(gpufleet.reliability.repair_plan) for one node, through the
+    collection's Slurm adapter, and keeps the node's compact repair history in its C(Extra) (or C(Comment)) field.
+  - O(op=record) writes O(history). O(op=outcome) records the verification result of the pending step
+    (O(outcome)) into the stored history (an C(ok) closes the incident and starts the cooldown).
+  - O(op=drain) drains with O(reason) (which must start with O(reason_prefix)). O(op=reboot) runs
+    C(scontrol reboot ASAP nextstate=DOWN reason=...), so the node comes back DOWN and is only resumed after it
+    has been verified. O(op=escalate) replaces the drain reason with O(reason) (the node stays out of service).
+  - O(op=resume) resumes the node only when it is drained or down with a reason that starts with
+    O(reason_prefix) - a node drained by someone else is never resumed (the module fails instead).
+    O(op=spare_in) resumes a hot spare, only when its reason starts with O(spare_reason).
+  - O(op=status) changes nothing and returns the node.
+  - Every write is skipped when the node is already in the wanted state (C(changed=false)).
+author:
+  - gpufleet.reliability contributors
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+  platform:
+    support: full
+    platforms: posix
+options:
+  node:
+    description: Node name.
+    type: str
+    required: true
+  op:
+    description: What to do (see the description).
+    type: str
+    required: true
+    choices: [record, outcome, drain, reboot, escalate, resume, spare_in, status]
+  history:
+    description: History text to store (O(op=record)); also stored by the other write operations when given.
+    type: str
+  outcome:
+    description: Verification result for O(op=outcome).
+    type: str
+    choices: [ok, failed, timeout]
+  cooldown:
+    description: Seconds of cooldown an C(ok) outcome starts.
+    type: float
+    default: 1800
+  reason:
+    description: Slurm reason for O(op=drain), O(op=reboot), O(op=escalate).
+    type: str
+  reason_prefix:
+    description: Our reasons start with this; only such nodes are resumed.
+    type: str
+    default: "gpufleet:"
+  spare_reason:
+    description: Hot spares are drained with a reason that starts with this.
+    type: str
+    default: "gpufleet: spare"
+  history_field:
+    description: Node field that holds the history.
+    type: str
+    choices: [extra, comment]
+    default: extra
+  scontrol:
+    description: Path or name of C(scontrol).
+    type: str
+    default: scontrol
+  sinfo:
+    description: Path or name of C(sinfo).
+    type: str
+    default: sinfo
+"""
+
+EXAMPLES = r"""
+- name: Record the step, then reboot
+  gpufleet.reliability.repair_step:
+    node: "{{ decision.node }}"
+    op: reboot
+    history: "{{ decision.history_after }}"
+    reason: "gpufleet: reboot {{ decision.code }} (incident {{ decision.incident }})"
+
+- name: Verification passed
+  gpufleet.reliability.repair_step:
+    node: node2
+    op: outcome
+    outcome: ok
+"""
+
+RETURN = r"""
+node:
+  description: The node after the operation (name, state, flags, reason, extra, comment, ...).
+  returned: always
+  type: dict
+history:
+  description: The stored history after the operation.
+  returned: always
+  type: str
+"""
+
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import HistoryError, is_ours, record_outcome
+from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import SlurmClient, SlurmError
+
+_REBOOT_FLAGS = {"REBOOT_REQUESTED", "REBOOT_ISSUED"}
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            node=dict(type="str", required=True),
+            op=dict(type="str", required=True,
+                    choices=["record", "outcome", "drain", "reboot", "escalate", "resume", "spare_in", "status"]),
+            history=dict(type="str"),
+            outcome=dict(type="str", choices=["ok", "failed", "timeout"]),
+            cooldown=dict(type="float", default=1800),
+            reason=dict(type="str"),
+            reason_prefix=dict(type="str", default="gpufleet:"),
+            spare_reason=dict(type="str", default="gpufleet: spare"),
+            history_field=dict(type="str", choices=["extra", "comment"], default="extra"),
+            scontrol=dict(type="str", default="scontrol"),
+            sinfo=dict(type="str", default="sinfo"),
+        ),
+        required_if=[("op", "outcome", ["outcome"]), ("op", "record", ["history"]), ("op", "drain", ["reason"]),
+                     ("op", "reboot", ["reason"]), ("op", "escalate", ["reason"])],
+        supports_check_mode=True,
+    )
+    p = module.params
+    name, op, field = p["node"], p["op"], p["history_field"]
+    prefix = p["reason_prefix"]
+
+    def runner(argv):
+        return module.run_command(argv, environ_update={"LC_ALL": "C"})
+
+    client = SlurmClient(runner=runner, backend="cli", scontrol=p["scontrol"], sinfo=p["sinfo"])
+
+    def read():
+        try:
+            return client.node(name)
+        except SlurmError as exc:
+            module.fail_json(msg=f"reading node {name}: {exc}", error=exc.to_dict())
+
+    node = read()
+    before = node.to_dict()
+    current = getattr(node, field) or ""
+    if p["reason"] is not None and op in ("drain", "reboot", "escalate") and not p["reason"].startswith(prefix):
+        module.fail_json(msg=f"reason: must start with {prefix!r} (our drains are known by it), got {p['reason']!r}")
+    ours = (node.is_down or "DRAIN" in node.flags) and node.reason.startswith(prefix)
+    foreign = (node.is_down or "DRAIN" in node.flags or "FAIL" in node.flags) and not node.reason.startswith(prefix)
+    changes = []
+
+    new_history = p["history"]
+    if op == "outcome":
+        if not is_ours(current):
+            module.fail_json(msg=f"node {name}: {field} holds text that is not a gpufleet history; not touched")
+        try:
+            new_history = record_outcome(current, p["outcome"], time.time(), p["cooldown"])
+        except HistoryError as exc:
+            module.fail_json(msg=f"node {name}: {exc}")
+    if new_history is not None and new_history != current:
+        if not is_ours(current):
+            module.fail_json(msg=f"node {name}: {field} holds text that is not a gpufleet history; not overwritten")
+        changes.append(("history", new_history))
+
+    if op == "drain":
+        if foreign:
+            module.fail_json(msg=f"node {name} is out of service by someone else ({node.reason!r}); not touched")
+        if not ("DRAIN" in node.flags and node.reason.split(" [")[0] == p["reason"]):
+            changes.append(("drain", p["reason"]))
+    elif op == "reboot":
+        if foreign and not node.reason.startswith(prefix):
+            module.fail_json(msg=f"node {name} is out of service by someone else ({node.reason!r}); not touched")
+        if not (node.flags & _REBOOT_FLAGS):
+            changes.append(("reboot", p["reason"]))
+    elif op == "escalate":
+        if foreign:
+            module.fail_json(msg=f"node {name} is out of service by someone else ({node.reason!r}); not touched")
+        if node.reason != p["reason"]:
+            changes.append(("drain", p["reason"]))
+    elif op == "resume":
+        if foreign or (not ours and (node.is_down or "DRAIN" in node.flags)):
+            module.fail_json(msg=f"node {name} was not drained by us (reason {node.reason!r}); never resumed")
+        if ours:
+            changes.append(("resume", None))
+    elif op == "spare_in" and ("DRAIN" in node.flags or node.is_down):
+        if not node.reason.startswith(p["spare_reason"]):
+            module.fail_json(msg=f"node {name} is not a hot spare (reason {node.reason!r}); not resumed")
+        changes.append(("resume", None))
+
+    if module.check_mode or not changes:
+        module.exit_json(changed=bool(changes), node=before, history=new_history if changes else current,
+                         diff={"before": {"history": current, "reason": node.reason},
+                               "after": {"history": new_history or current,
+                                         "ops": [c[0] for c in changes]}})
+    try:
+        for what, arg in changes:
+            if what == "history":
+                if field == "extra":
+                    client.set_extra(name, arg)
+                else:
+                    client.set_comment(name, arg)
+            elif what == "drain":
+                client.drain(name, arg)
+            elif what == "reboot":
+                client.reboot(name, arg, nextstate="down", asap=True)
+            elif what == "resume":
+                client.resume(name)
+    except SlurmError as exc:
+        module.fail_json(msg=f"node {name}: {exc}", error=exc.to_dict(), done=[c[0] for c in changes])
+    after = read()
+    module.exit_json(changed=True, node=after.to_dict(), history=getattr(after, field) or "",
+                     diff={"before": {"history": current, "reason": node.reason, "state": node.sinfo_state},
+                           "after": {"history": getattr(after, field) or "", "reason": after.reason,
+                                     "state": after.sinfo_state}})
+
+
+if __name__ == "__main__":
+    main()

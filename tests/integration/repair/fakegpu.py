@@ -1,0 +1,164 @@
+"""The GPU stand-in for the repair lab tests: faults are replayed kernel lines from real captures, the GPUs are a
+replayed healthy H100 ``nvidia-smi -q -x`` capture, and the verdict comes from the real health brain (judge).
+
+    fakegpu.py inject LAB NODE FAULT CLEARED_BY   FAULT: xid48 | xid79; CLEARED_BY: reset_gpu | reboot | never
+    fakegpu.py agent LAB NODE        the lab's healthcheck.hook: judge, write $LAB/reports/NODE.json, drain if sick
+    fakegpu.py check LAB NODE        judge now, write the report and print it (the playbook's verification)
+    fakegpu.py nvidia-smi LAB NODE ARGS...   a fake nvidia-smi for gpu_reset (-r clears reset_gpu faults)
+
+A reboot (the lab's RebootProgram restarts that node's slurmd) is noticed as a new slurmd PID and clears faults
+whose CLEARED_BY is reboot. Like the real agent, ``agent`` drains its own node with a ``gpufleet:`` reason and
+never resumes anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO / "collections"))
+
+from ansible_collections.gpufleet.reliability.plugins.module_utils.health import (  # noqa: E402
+    judge,
+    read_nvidia_smi_xml,
+)
+
+FIXTURES = REPO / "tests" / "fixtures" / "gpu"
+CAPTURE = FIXTURES / "h100-8gpu-580.105.08-healthy.nvidia-smi-q-x.xml"
+GPU3_PCI = "0000:86:00"  # GPU 3 of that capture
+
+
+def _verbatim(name):
+    text = (FIXTURES / name).read_text()
+    return text.split("# ---- verbatim below this line ----\n", 1)[1].splitlines()
+
+
+def fault_lines(fault: str):
+    """Kernel lines for a fault on GPU 3, taken from real captures (PCI address and time prefix rewritten)."""
+    if fault == "xid48":
+        # gpud's dmesg capture: Xid 48 (DBE) followed by Xid 63 (row remap pending) on one GPU
+        lines = [ln for ln in _verbatim("dmesg-iso-xid48-63-94-dbe-rowremap-contained.log")
+                 if "Xid" in ln and (": 48," in ln or ": 63," in ln)]
+        out = []
+        for ln in lines:
+            body = ln.split(" ", 1)[1].replace("PCI:0000:19:00", "PCI:" + GPU3_PCI)
+            out.append("[ 1843.308145] " + body)
+        return out
+    if fault == "xid79":
+        lines = [ln for ln in _verbatim("kmsg-xid-line-format-variants.log") if ": 79," in ln and "[" in ln]
+        return [ln.replace("PCI:0000:05:00", "PCI:" + GPU3_PCI) for ln in lines[:1]]
+    raise SystemExit(f"unknown fault {fault!r}")
+
+
+def _slurmd_pid(lab: Path, node: str) -> int:
+    try:
+        return int((lab / "run" / f"slurmd-{node}.pid").read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+def _write_json(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh)
+    os.replace(tmp, path)
+
+
+def fault_path(lab: Path, node: str) -> Path:
+    return lab / "faults" / f"{node}.json"
+
+
+def inject(lab: Path, node: str, fault: str, cleared_by: str) -> None:
+    assert cleared_by in ("reset_gpu", "reboot", "never"), cleared_by
+    _write_json(fault_path(lab, node), {"fault": fault, "lines": fault_lines(fault), "cleared_by": cleared_by,
+                                        "slurmd_pid": _slurmd_pid(lab, node), "at": time.time()})
+
+
+def current_fault(lab: Path, node: str):
+    path = fault_path(lab, node)
+    try:
+        f = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if f["cleared_by"] == "reboot" and _slurmd_pid(lab, node) not in (0, f["slurmd_pid"]):
+        path.unlink(missing_ok=True)  # the node "rebooted": the fault is gone
+        return None
+    return f
+
+
+def report(lab: Path, node: str) -> dict:
+    snap = read_nvidia_smi_xml(CAPTURE.read_text())
+    f = current_fault(lab, node)
+    now = time.time()
+    r = judge(snapshot=snap, kmsg_lines=f["lines"] if f else [], now=now)
+    data = {"report": r.to_dict(), "checked_at": now, "node": node}
+    _write_json(lab / "reports" / f"{node}.json", data)
+    return data
+
+
+def _scontrol(lab: Path, *args) -> subprocess.CompletedProcess:
+    env = dict(os.environ, SLURM_CONF=str(lab / "etc" / "slurm.conf"))
+    return subprocess.run(["scontrol", *args], env=env, capture_output=True, text=True, timeout=30)
+
+
+def agent(lab: Path, node: str) -> int:
+    data = report(lab, node)
+    r = data["report"]
+    if r["verdict"] != "unhealthy":
+        return 0
+    out = _scontrol(lab, "show", "node", node).stdout
+    state = out.split("State=", 1)[1].split()[0] if "State=" in out else ""
+    if "DRAIN" in state or state.startswith("DOWN"):
+        return 0  # already out of service (by us or by someone else): never touch it
+    where = f" gpu{r['gpu']}" if r.get("gpu") is not None else ""
+    _scontrol(lab, "update", f"NodeName={node}", "State=DRAIN", f"Reason=gpufleet: {r['code']}{where}")
+    return 0
+
+
+def nvidia_smi(lab: Path, node: str, args) -> int:
+    log = lab / "log" / "fake-nvidia-smi.log"
+    with log.open("a") as fh:
+        fh.write(f"{time.time():.3f} {node} {' '.join(args)}\n")
+    gpu = args[args.index("-i") + 1] if "-i" in args else None
+    if any(a.startswith("--query-compute-apps") for a in args):
+        procs = lab / "faults" / f"{node}.procs"
+        if procs.exists():
+            sys.stdout.write(procs.read_text())
+        return 0
+    if "-r" in args:
+        f = current_fault(lab, node)
+        if f and f["cleared_by"] == "reset_gpu" and gpu in (None, "3", "00000000:86:00.0", GPU3_PCI):
+            fault_path(lab, node).unlink(missing_ok=True)
+        sys.stdout.write("GPU 00000000:86:00.0 was successfully reset.\nAll done.\n")
+        return 0
+    if "-pm" in args:
+        sys.stdout.write("Persistence mode set.\n")
+        return 0
+    sys.stderr.write(f"fake nvidia-smi: unsupported arguments {args}\n")
+    return 2
+
+
+def main(argv) -> int:
+    cmd, lab, node = argv[0], Path(argv[1]), argv[2]
+    if cmd == "inject":
+        inject(lab, node, argv[3], argv[4])
+        return 0
+    if cmd == "agent":
+        return agent(lab, node)
+    if cmd == "check":
+        print(json.dumps(report(lab, node)))
+        return 0
+    if cmd == "nvidia-smi":
+        return nvidia_smi(lab, node, argv[3:])
+    raise SystemExit(f"unknown command {cmd!r}")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
