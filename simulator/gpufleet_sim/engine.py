@@ -266,7 +266,8 @@ class Sim:
         self.idle_pos: dict[int, int] = {}
         self.lemons_initial: list[int] = []
         self.stats = {"spares_used": 0, "retired": 0, "repairs": 0, "repair_actions": {}, "mttr": [],
-                      "proactive_drains": 0, "escalations": 0, "faults": 0, "faults_idle": 0, "brain_calls": 0, "approvals": 0,
+                      "proactive_drains": 0, "escalations": 0, "faults": 0, "faults_idle": 0, "brain_calls": 0,
+                      "approvals": 0,
                       "events": 0}
         self.waiting_jobs: list[Job] = []
         self.out_count = 0
@@ -376,10 +377,9 @@ class Sim:
         if rec is not None:
             rec.state, rec.fault, rec.verdict = "healthy", None, None
             rec.token += 1
-            if not rec.lemon:
-                # keep the history a while for the brain's lemon logic; drop plain healthy records
-                if not rec.attempts:
-                    del self.recs[n]
+            # keep the history for the brain's lemon logic; drop plain healthy records
+            if not rec.lemon and not rec.attempts:
+                del self.recs[n]
         for job in list(self.waiting_jobs):
             for s, want in list(job.reserved.items()):
                 if want == n:
@@ -454,7 +454,7 @@ class Sim:
             if rec is None or not rec.lemon:
                 continue
             x = rng.random() * per_lemon
-            for f, w in zip(classes, weights):
+            for f, w in zip(classes, weights):  # noqa: B007 - f is the pick
                 x -= w
                 if x <= 0:
                     break
@@ -484,7 +484,7 @@ class Sim:
         """A job-scope fault drawn by the job itself (called from inside the job process)."""
         self.stats["events"] += 1
         x = self.rng.random() * job.jf_rate
-        for f, r in job.jf_classes:
+        for f, r in job.jf_classes:  # noqa: B007 - f is the pick
             x -= r
             if x <= 0:
                 break
@@ -774,12 +774,11 @@ class Sim:
         return self.brain.judge(lines) if lines else self.brain.healthy_report()
 
     def _repair(self, n: int, rec: NodeRec):
-        env, rng = self.env, self.rng
+        env = self.env
         out_since = env.now
         proactive = rec.state == "drained"
         rec.state = "repair"
         mode = self.policy["repair"]
-        acts = self.rep["actions"]
         fixed = False
         if proactive and rec.fault and rec.fault.get("precursor"):
             v = self.brain.judge(tuple(rec.fault["precursor"]["kmsg"]))

@@ -108,8 +108,10 @@ def plots(res: dict, out: Path) -> list[Path]:
     m = [pol[n]["ettr"]["mean"] * 100 for n in names]
     err = [(pol[n]["ettr"]["ci95"][1] - pol[n]["ettr"]["ci95"][0]) / 2 * 100 for n in names]
     bars = ax.bar(range(len(names)), m, yerr=err, capsize=6, color=colors[:len(names)])
+    lo = max(0.0, min(m) - 10)
     for b, v in zip(bars, m):
-        ax.text(b.get_x() + b.get_width() / 2, v + 0.4, f"{v:.1f} %", ha="center", va="bottom", fontsize=10)
+        ax.text(b.get_x() + b.get_width() * 0.5, lo + 1.0, f"{v:.1f} %", ha="center", va="bottom", fontsize=11,
+                color="white", fontweight="bold")
     ax.set_xticks(range(len(names)), short, fontsize=9)
     lo = max(0.0, min(m) - 10)
     ax.set_ylim(lo, 100)
@@ -198,7 +200,8 @@ def write_html(res: dict, out: Path, pngs: list[Path], table_text: str) -> Path:
 table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:.35em .6em;text-align:right}}
 td:first-child,th:first-child{{text-align:left}}th{{background:#f3f3f3}}tr.best{{background:#eafaf1}}
 .key{{font-size:1.15em;background:#f7f9fc;border-left:4px solid #2980b9;padding:.6em 1em}}
-img{{max-width:100%;border:1px solid #ddd}}figure{{margin:1em 0}}small{{color:#666}}pre{{background:#f7f7f7;padding:.5em}}</style>
+img{{max-width:100%;border:1px solid #ddd}}figure{{margin:1em 0}}small{{color:#666}}
+pre{{background:#f7f7f7;padding:.5em}}</style>
 </head><body>
 <h1>Which repair policy saves the most GPU-hours?</h1>
 <p>Scenario <b>{e(res['scenario'])}</b>: {res['gpus']:,} GPUs, {res['seeds']} seeds per policy,

@@ -1,0 +1,53 @@
+"""Simulator benchmark: prints figures, asserts nothing.
+
+AIReSim default case and 100,000 GPUs x 365 days (one seed each), peak memory, and cost vs number of events.
+"""
+
+import resource
+import sys
+import time
+import tracemalloc
+
+from gpufleet_sim import scenario as scn
+from gpufleet_sim import validate as val
+from gpufleet_sim.brain import default_brain
+from gpufleet_sim.policies import resolve
+from gpufleet_sim.runner import run_one
+
+POL = resolve("passive+auto-repair+hot-spares")
+
+
+def timed(sc, label):
+    brain = default_brain(sc)
+    t = time.perf_counter()
+    r = run_one(sc, POL, 1, brain)
+    dt = time.perf_counter() - t
+    print(f"{label}: {dt:.2f} s wall, {r['interruptions']:,} interruptions, {r['events']:,} fault draws, "
+          f"{brain.calls['plan']:,} repair.plan() calls, {brain.calls['judge']} judge() calls "
+          f"(+{brain.calls['judge_cached']:,} cached)")
+    return dt, r, brain
+
+
+def main():
+    aire = scn.load(val.SCENARIOS / "airesim-default.yaml")
+    timed(aire, "AIReSim default (4,096 servers, 256 days)")
+    raw = scn.load(val.SCENARIOS / "default-1k.yaml")["raw"]
+    big = scn.validate(scn.override(raw, {"cluster.nodes": 12500, "jobs[0].nodes": 12000, "horizon_days": 365}))
+    tracemalloc.start()
+    timed(big, "100,000 GPUs x 365 days (12,500 nodes, default-1k fault mix)")
+    _cur, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak traced memory {peak / 2**20:.1f} MiB; max RSS {rss:.0f} MiB")
+    print("cost vs events (RSC-1 rate, 2,048-node job, growing horizon):")
+    base = scn.load(val.SCENARIOS / "rsc1-scaling.yaml")["raw"]
+    for days in (5, 10, 20, 40):
+        sc = scn.validate(scn.override(base, {"jobs[0].nodes": 2048, "cluster.nodes": 2304, "horizon_days": days}))
+        dt, r, b = timed(sc, f"  {days:>3} days")
+        ev = r["interruptions"] + b.calls["plan"]
+        print(f"      {1e6 * dt / max(1, ev):.0f} us per (interruption + plan call)")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
