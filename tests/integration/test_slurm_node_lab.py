@@ -170,7 +170,8 @@ def run_play(lab, tmp_path, monkeypatch, extravars, cmdline):
     (pdd / "project").mkdir(parents=True)
     (pdd / "project" / "play.yml").write_text(PLAY)
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    env = {"ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"), **lab.env}
+    # os.environ's PATH already has the lab's wrappers first (24.11 lane); runner execs ansible-playbook from it
+    env = {**lab.env, "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"), "PATH": os.environ["PATH"]}
     r = ansible_runner.run(
         private_data_dir=str(pdd), playbook="play.yml", cmdline=cmdline, extravars=extravars, envvars=env,
         inventory={"all": {"hosts": {"localhost": {"ansible_connection": "local",
