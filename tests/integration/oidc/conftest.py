@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import http.cookiejar
 import json
 import os
@@ -360,10 +361,19 @@ class Sshd:
 
 
 @pytest.fixture
-def sshd_factory(tmp_path):
-    made_run_sshd = not os.path.isdir("/run/sshd")
-    if made_run_sshd:
-        os.makedirs("/run/sshd", mode=0o755)  # sshd's privilege-separation directory
+def run_sshd_dir():
+    """sshd (even `sshd -t`) needs its privilege-separation directory; made here only if missing."""
+    made = not os.path.isdir("/run/sshd")
+    if made:
+        os.makedirs("/run/sshd", mode=0o755)
+    yield
+    if made:
+        with contextlib.suppress(OSError):
+            os.rmdir("/run/sshd")
+
+
+@pytest.fixture
+def sshd_factory(tmp_path, run_sshd_dir):
     started: list[Sshd] = []
 
     def make(pam_service: str) -> Sshd:
@@ -374,9 +384,6 @@ def sshd_factory(tmp_path):
     yield make
     for s in started:
         s.stop()
-    if made_run_sshd:
-        with __import__("contextlib").suppress(OSError):
-            os.rmdir("/run/sshd")
 
 
 def ssh_login(port: int, user: str, answer_fn, timeout: float = 60) -> tuple[int, str]:

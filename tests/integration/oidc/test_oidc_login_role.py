@@ -1,0 +1,139 @@
+"""roles/oidc_login applied into a temporary root, then a real sshd runs the rendered configuration."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import AUD, PREFIX, REPO, SITE, USERS, _run, free_port, real_token, ssh_login
+
+pytestmark = pytest.mark.idp
+ALICE = f"{PREFIX}alice"
+PLAYBOOK = Path(sys.prefix) / "bin" / "ansible-playbook"
+
+
+def apply(root: Path, extra: dict) -> subprocess.CompletedProcess:
+    play = [{"hosts": "localhost", "gather_facts": False, "connection": "local",
+             "roles": [{"role": "gpufleet.reliability.oidc_login"}]}]
+    (root / "play.yml").write_text(yaml.safe_dump(play))
+    (root / "vars.json").write_text(json.dumps(extra))
+    env = dict(os.environ, ANSIBLE_PYTHON_INTERPRETER=sys.executable, ANSIBLE_NOCOLOR="1")
+    return subprocess.run([str(PLAYBOOK), "-i", "localhost,", str(root / "play.yml"), "-e", f"@{root / 'vars.json'}"],
+                          capture_output=True, text=True, timeout=300, cwd=str(REPO), env=env)
+
+
+@pytest.fixture
+def role_root(tmp_path, module_idp, run_sshd_dir):
+    root = tmp_path / "root"
+    (root / "etc/ssh/sshd_config.d").mkdir(parents=True)
+    (root / "etc/pam.d").mkdir(parents=True)
+    key = root / "etc/ssh/host_ed25519"
+    assert _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)).returncode == 0
+    port = free_port()
+    (root / "etc/ssh/sshd_config").write_text(
+        f"ListenAddress 127.0.0.1\nPort {port}\nHostKey {key}\nPidFile {root}/sshd.pid\nPasswordAuthentication no\n"
+        f"PubkeyAuthentication yes\nPermitRootLogin no\nAllowUsers {' '.join(USERS)} svc-backup\nStrictModes no\n")
+    tag = secrets.token_hex(3)
+    service, include = f"sshd-gfotest-{tag}", f"gfotest-inc-{tag}"
+    (root / "etc/pam.d" / service).write_text(
+        "@include common-auth\naccount required pam_unix.so\nsession required pam_unix.so\n")
+    extra = {
+        "oidc_login_config": {
+            "issuer": module_idp.issuer, "audience": AUD, "username_claim": "preferred_username",
+            "groups_claim": "groups", "allowed_groups": ["hpc-users"],
+            "jwks_cache_dir": str(root / "var/cache/gpufleet-oidc"), "client_id": "gpufleet-device",
+            "client_secret": "device-secret", "scope": "openid profile groups ssh"},
+        "oidc_login_mode": "token",
+        "oidc_login_install_packages": False, "oidc_login_manage_venv": False, "oidc_login_site_dir": str(SITE),
+        "oidc_login_install_dir": str(root / "opt/gpufleet-oidc"),
+        "oidc_login_config_path": str(root / "etc/gpufleet/oidc.yml"),
+        "oidc_login_pam_dir": str(root / "etc/pam.d"), "oidc_login_pam_service": service,
+        "oidc_login_pam_include": include, "oidc_login_debug_log": str(root / "pam.log"),
+        "oidc_login_sshd_config": str(root / "etc/ssh/sshd_config"),
+        "oidc_login_sshd_dropin_dir": str(root / "etc/ssh/sshd_config.d"),
+        "oidc_login_bypass_users": ["svc-backup"], "oidc_login_sshd_reload": False,
+    }
+    return root, extra, service, include, port
+
+
+def test_role_applies_idempotently_and_sshd_logs_in(role_root, module_idp, tmp_path, local_users):
+    root, extra, service, include, port = role_root
+    r = apply(root, extra)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    stack = (root / "etc/pam.d" / service).read_text()
+    assert stack.index(f"@include {include}") < stack.index("@include common-auth")
+    inc = (root / "etc/pam.d" / include).read_text()
+    assert "auth [success=done default=die] /lib/security/pam_python.so" in inc and "mode=token" in inc
+    assert oct(os.stat(root / "etc/gpufleet/oidc.yml").st_mode & 0o777) == "0o600"
+    dropin = (root / "etc/ssh/sshd_config.d/50-gpufleet-oidc.conf").read_text()
+    assert "KbdInteractiveAuthentication yes" in dropin and "Match User svc-backup" in dropin
+    assert (root / "etc/ssh/sshd_config").read_text().startswith(f"Include {root}/etc/ssh/sshd_config.d/*.conf")
+    # sshd -t accepts the result; the bypass user gets publickey only, everyone else keyboard-interactive
+    t = _run("/usr/sbin/sshd", "-T", "-f", str(root / "etc/ssh/sshd_config"), "-C",
+             "user=svc-backup,host=h,addr=127.0.0.1")
+    assert "authenticationmethods publickey" in t.stdout, t.stdout + t.stderr
+    t = _run("/usr/sbin/sshd", "-T", "-f", str(root / "etc/ssh/sshd_config"), "-C",
+             f"user={ALICE},host=h,addr=127.0.0.1")
+    assert "authenticationmethods keyboard-interactive" in t.stdout
+    again = apply(root, extra)
+    assert again.returncode == 0 and "changed=0" in again.stdout, again.stdout[-3000:]
+
+    # End to end: the rendered PAM files under unique names in /etc/pam.d, a real sshd on the rendered config.
+    pam_files = [Path("/etc/pam.d") / service, Path("/etc/pam.d") / include]
+    try:
+        for p in pam_files:
+            shutil.copy(root / "etc/pam.d" / p.name, p)
+        binary = root / service
+        binary.symlink_to("/usr/sbin/sshd")
+        with open(root / "sshd.log", "wb") as log:
+            proc = subprocess.Popen([str(binary), "-D", "-e", "-f", str(root / "etc/ssh/sshd_config")], stdout=log,
+                                    stderr=subprocess.STDOUT)
+        try:
+            _wait_port(port, proc)
+            at = real_token(module_idp.issuer, ALICE, tmp_path)
+            rc, out = ssh_login(port, ALICE, lambda p: at)
+            assert rc == 0 and out.strip().splitlines()[-1].strip() == ALICE, out + (root / "pam.log").read_text()
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    finally:
+        for p in pam_files:
+            p.unlink(missing_ok=True)
+
+
+def _wait_port(port, proc):
+    import socket
+    import time
+
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            assert proc.poll() is None, "sshd exited"
+            time.sleep(0.05)
+    raise AssertionError("sshd did not listen")
+
+
+def test_role_refuses_bad_config_naming_key(role_root):
+    root, extra, *_ = role_root
+    extra = dict(extra, oidc_login_config=dict(extra["oidc_login_config"], algorithms=["none"]))
+    r = apply(root, extra)
+    assert r.returncode != 0 and "config key 'algorithms'" in r.stdout
+    assert not (root / "etc/gpufleet/oidc.yml").exists()
+
+
+def test_role_restores_sshd_config_when_sshd_t_fails(role_root):
+    root, extra, *_ = role_root
+    extra = dict(extra, oidc_login_authentication_methods="no-such-method")
+    r = apply(root, extra)
+    assert r.returncode != 0 and "sshd -t failed" in r.stdout
+    assert not (root / "etc/ssh/sshd_config.d/50-gpufleet-oidc.conf").exists()
+    assert _run("/usr/sbin/sshd", "-t", "-f", str(root / "etc/ssh/sshd_config")).returncode == 0
