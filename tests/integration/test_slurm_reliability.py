@@ -151,12 +151,13 @@ def test_bad_role_input_fails_before_any_change(tmp_path, monkeypatch, files):
 
 # ------------------------------------------------------------------------------------------- the real lab
 def show_config(lab) -> dict:
+    """``scontrol show config`` as {key: value}; 24.11 prints list keys as ``Epilog[0]``, kept as ``Epilog``."""
     out = lab.run("scontrol", "show", "config").stdout
     config = {}
     for line in out.splitlines():
-        match = re.match(r"^(\w+)\s+= (.*)$", line)
-        if match:
-            config[match.group(1)] = match.group(2).strip()
+        match = re.match(r"^(\w+)(\[(\d+)\])?\s+= (.*)$", line)
+        if match and (match.group(3) in (None, "0")):
+            config[match.group(1)] = match.group(4).strip()
     return config
 
 
@@ -169,6 +170,16 @@ def wait_config(lab, key, predicate, timeout=30):
         if time.monotonic() >= deadline:
             raise AssertionError(f"scontrol show config: {key} = {value!r} did not change within {timeout}s")
         time.sleep(0.2)
+
+
+def slurmd_gres(lab, conf: Path) -> str:
+    """What the lab's slurmd makes of gres.conf next to ``conf`` (``slurmd -G`` parses it and exits)."""
+    argv = ["slurmd", "-f", str(conf), "-N", lab.nodes[0], "-G"]
+    if lab.release != "22.05":  # the 24.11 lane: the chroot's slurmd, the lab dir is bound at the same path
+        argv = ["unshare", "--mount", "--propagation", "private", "--", str(lab.dir / "bin" / "chroot-exec"),
+                "daemon", "/usr/sbin/slurmd", *argv[1:]]  # daemon mode: /sys mounted, slurmd needs cgroups
+    proc = lab.run(*argv, timeout=60)
+    return proc.stdout + proc.stderr
 
 
 @pytest.mark.lab
@@ -189,6 +200,12 @@ def test_profile_applied_to_the_lab_twice_and_accepted_by_slurmctld(lab, tmp_pat
         assert changed_count(r) > 0
         assert tasks["Reconfigure slurm"][0]["_event"] == "runner_on_ok", tasks["Reconfigure slurm"]
         assert (lab.dir / "etc" / "gres.conf").read_text().startswith("AutoDetect=off")
+        # the gres.conf copy with AutoDetect=nvml is still one that slurmd reads (without NVML, as here, it keeps
+        # the File= GPUs)
+        assert gres.read_text().startswith("AutoDetect=nvml\n")
+        shutil.copy(lab.conf, work / "slurm.conf")
+        gres_out = slurmd_gres(lab, work / "slurm.conf")
+        assert re.search(r"Gres Name=gpu Type=h100 Count=8\b", gres_out), gres_out
 
         config = {k: wait_config(lab, k, lambda v, want=want: v is not None and v.startswith(want))
                   for k, want in (("HealthCheckInterval", "300"), ("SlurmdTimeout", "300"),
@@ -239,3 +256,8 @@ def test_profile_applied_to_the_lab_twice_and_accepted_by_slurmctld(lab, tmp_pat
     if not re.search(rb"^Epilog=", original, re.M | re.I):
         assert show_config(lab).get("Epilog") in (None, "(null)")
     lab.wait_all(("idle",), timeout=60)
+    # Slurm >= 23.11 re-execs slurmctld on reconfigure (new PID, new PID file): the lab must still track it
+    deadline = time.monotonic() + 30
+    while lab.script_run("status", check=False).returncode != 0:
+        assert time.monotonic() < deadline, lab.script_run("status", check=False).stdout
+        time.sleep(0.5)
