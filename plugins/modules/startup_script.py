@@ -17,7 +17,7 @@ description:
     interpreter given as an absolute path must exist and be executable. A script that fails a check is refused
     with a message that names the script and the error; nothing is changed.
 author:
-  - gpufleet.reliability contributors
+  - gpufleet.reliability contributors (@gpufleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:

@@ -511,7 +511,3 @@ def main(argv: Optional[List[str]] = None) -> int:
         sys.stderr.write(f"gpufleet-startup gate: {message}\n")
         return code
     return _cmd_run(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
