@@ -151,6 +151,8 @@ def _sweep_slurm(args, n: int) -> int:
     if r.returncode != 0:
         print(f"sbatch failed ({r.returncode}): {r.stderr.strip()}", file=sys.stderr)
         return 2
+    job_id = r.stdout.strip().split(";")[0]
+    print(f"Slurm array job {job_id}: {n} tasks done")
     results = []
     for i in range(n):
         p = out / f"point-{i}.json"

@@ -26,7 +26,8 @@ DEFAULT_ACTIONS = {
     "reset_gpu": {"duration_min": {"dist": "lognormal", "median": 5, "p90": 15}, "success": 0.7},
     "reboot": {"duration_min": {"dist": "lognormal", "median": 15, "p90": 30}, "success": 0.9},
     "reimage": {"duration_min": {"dist": "lognormal", "median": 60, "p90": 120}, "success": 0.95},
-    "replace": {"duration_min": {"dist": "lognormal", "median": 4320, "p90": 7200}, "success": 0.95},
+    # technician swap; the parts lead time is repair.rma_lead_days
+    "replace": {"duration_min": {"dist": "lognormal", "median": 240, "p90": 480}, "success": 0.95},
 }
 
 
