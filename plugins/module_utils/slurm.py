@@ -389,6 +389,34 @@ def split_hostlist_expr(expr):
     return parts
 
 
+def expand_hostlist_local(expr):
+    """Pure-Python hostlist expansion for where no scontrol exists (AWX): 'gpu[01-03,7]x,n1' ->
+    ['gpu01x', 'gpu02x', 'gpu03x', 'gpu7x', 'n1']. Several bracket groups multiply out, as in Slurm."""
+    out = []
+    for part in split_hostlist_expr(expr):
+        names = [""]
+        for text, inner in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", part):
+            choices = [text]
+            if inner:
+                choices = []
+                for rng in inner.split(","):
+                    if "-" in rng:
+                        a, b = rng.split("-", 1)
+                        if not (a.isdigit() and b.isdigit()) or int(b) < int(a):
+                            raise ValueError(f"invalid range {rng!r} in hostlist {part!r}")
+                        width = len(a) if a.startswith("0") else 0
+                        choices += [f"{text}{i:0{width}d}" for i in range(int(a), int(b) + 1)]
+                    elif rng.isdigit():
+                        choices.append(text + rng)
+                    else:
+                        raise ValueError(f"invalid range {rng!r} in hostlist {part!r}")
+            names = [n + c for n in names for c in choices]
+        for n in names:
+            if n and n not in out:
+                out.append(n)
+    return out
+
+
 def parse_jobs_text(text, sep="\x1f"):
     jobs = []
     for line in text.splitlines():
