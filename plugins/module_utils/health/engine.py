@@ -60,7 +60,8 @@ def _event_from_state(d: Mapping[str, Any]) -> Optional[KernelEvent]:
 def judge(snapshot=None, kmsg_lines=(), config=None, state=None, now: Optional[float] = None) -> Report:
     """Judge one node.
 
-    snapshot: Snapshot, its dict form, or None (kernel log only). kmsg_lines: text, lines or KernelEvent objects.
+    snapshot: Snapshot, its dict form, or None (kernel log only). kmsg_lines: text, lines or KernelEvent objects;
+    None means "no kernel log either" (with no snapshot that is the verdict unknown, code no_data).
     config: mapping (see config.py) or Config. state: previous state dict (not modified), a path to a state file
     (read, then written atomically), or None (no state; or config ``state_path``). now: epoch seconds.
     The next state is in ``report.state``.
@@ -91,7 +92,7 @@ def judge(snapshot=None, kmsg_lines=(), config=None, state=None, now: Optional[f
     ctx.new_state_probe_timeouts = 0
 
     events = parse_kmsg(kmsg_lines, boot_time=cfg.boot_time) if kmsg_lines else []
-    have_kmsg = bool(kmsg_lines)
+    have_kmsg = kmsg_lines is not None  # () / [] = "the kernel log was read and is empty"; None = "not read"
 
     # Merge with the events remembered from earlier runs (sticky windows survive the kmsg cursor moving on).
     first_seen: Dict[str, float] = {}

@@ -102,7 +102,8 @@ def test_probe_timeout_is_unknown_never_healthy():
     assert (r.verdict, r.code, r.exit_code) == ("unknown", "probe_timeout", 3)
     r = judge(Snapshot(probe_status="failed", probe_error="NVMLError_Uninitialized"), now=0)
     assert r.verdict == "unknown"
-    assert judge(None, (), now=0).verdict == "unknown"
+    assert judge(None, None, now=0).code == "no_data"
+    assert judge(None, (), now=0).verdict == "healthy"  # kernel log read, nothing in it (the simulator's case)
     # the kernel log still speaks while NVML hangs
     r = judge(Snapshot(probe_status="timeout"), ["NVRM: Xid (PCI:0000:9b:00): 119, pid=1, name=x, Timeout"], now=0)
     assert r.verdict == "unhealthy" and r.code == "xid119"
