@@ -22,6 +22,7 @@ The syntax follows Slurm's own reader (``src/common/parse_config.c``), as docume
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -94,7 +95,7 @@ def _float(lo=0.0, hi=None):
             number = float(text)
         except ValueError:
             number = None
-        if number is None or number != number or number < lo or (hi is not None and number > hi):
+        if number is None or math.isnan(number) or number < lo or (hi is not None and number > hi):
             raise ValueError("a number >= {:g}{}".format(lo, "" if hi is None else f" and <= {hi:g}"))
         return text
 

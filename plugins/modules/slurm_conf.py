@@ -21,7 +21,7 @@ description:
   - The module never restarts or reconfigures Slurm. It returns RV(reconfigure_needed) and
     RV(restart_needed) so that a handler can run C(scontrol reconfigure) or report that a restart is due.
 author:
-  - gpufleet.reliability contributors
+  - gpufleet.reliability contributors (@gpufleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
