@@ -424,7 +424,7 @@ def normalize_value(kind, key, value, record=None, where=None):
             raise ValidationError(info[0], value, str(exc), where)
     else:
         if isinstance(value, bool):
-            text = "YES" if value else "NO"
+            text = ("YES" if value else "NO") if kind == "slurm" else ("yes" if value else "no")
         elif isinstance(value, (list, tuple)):
             text = ",".join(str(v) for v in value)
         elif isinstance(value, (int, float, str)):
@@ -934,7 +934,7 @@ class ConfFile:
         if value is None:
             raise ValidationError(key, value, "a value (use remove to delete a key)")
         if isinstance(value, bool):
-            text = "YES" if value else "NO"
+            text = ("YES" if value else "NO") if self.kind == "slurm" else ("yes" if value else "no")
         elif isinstance(value, (list, tuple)):
             text = ",".join(str(v) for v in value)
         else:
@@ -1046,8 +1046,11 @@ def backup_name(path, now=None):
 
 def write_atomic(path, text, backup=False):
     """Write ``text`` to ``path`` through a temporary file in the same directory and os.replace, keeping the
-    old file's mode and owner. With ``backup`` the old file is copied first; its name is returned."""
-    path = os.path.abspath(path)
+    old file's mode and owner. With ``backup`` the old file is copied first; its name is returned.
+
+    A symbolic link (slurm.conf linked to shared storage is common) is followed: its target is replaced and the
+    link stays."""
+    path = os.path.realpath(path)
     directory = os.path.dirname(path)
     backup_path = None
     try:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -353,8 +354,28 @@ def test_write_atomic_keeps_mode_and_makes_backup(tmp_path):
     backup = write_atomic(str(path), LAB + "KillOnBadExit=1\n", backup=True)
     assert path.read_text().endswith("KillOnBadExit=1\n")
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o640
-    assert backup and open(backup).read() == LAB
+    assert backup and Path(backup).read_text() == LAB
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["slurm.conf", os.path.basename(backup)])
+
+
+def test_write_atomic_follows_a_symlink(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "slurm.conf").write_text(LAB)
+    link = tmp_path / "slurm.conf"
+    link.symlink_to(shared / "slurm.conf")
+    backup = write_atomic(str(link), "ClusterName=x\n", backup=True)
+    assert link.is_symlink() and (shared / "slurm.conf").read_text() == "ClusterName=x\n"
+    assert Path(backup).parent == shared and Path(backup).read_text() == LAB
+
+
+def test_unknown_boolean_keys_follow_the_file_kind():
+    c = conf("", "cgroup")
+    c.set("SomeFutureFlag", True)
+    assert c.render() == "SomeFutureFlag=yes\n"
+    c = conf("")
+    c.set("SomeFutureFlag", False)
+    assert c.render() == "SomeFutureFlag=NO\n"
 
 
 def test_write_atomic_leaves_no_temp_file_on_failure(tmp_path, monkeypatch):
