@@ -31,7 +31,7 @@ const issuer = `http://127.0.0.1:${server.address().port}`;
 const userClaims = (id) => {
   const a = accounts[id];
   if (!a) return undefined;
-  return { sub: id, ...a };
+  return { sub: id, sun: a.preferred_username, ...a };
 };
 
 const provider = new Provider(issuer, {
@@ -70,8 +70,9 @@ const provider = new Provider(issuer, {
     profile: ['name', 'preferred_username'],
     email: ['email', 'email_verified'],
     groups: ['groups'],
+    slurm: ['sun'], // Slurm 22.05 reads the user from "sun" (or "username")
   },
-  scopes: ['openid', 'offline_access', 'profile', 'email', 'groups', 'ssh'],
+  scopes: ['openid', 'offline_access', 'profile', 'email', 'groups', 'ssh', 'slurm'],
   cookies: { keys: ['gpufleet-test-only-cookie-key'] },
   ttl: { AccessToken: 600, IdToken: 600, DeviceCode: deviceTTL, Grant: 3600, Interaction: 600, Session: 3600 },
   features: {

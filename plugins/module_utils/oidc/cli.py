@@ -7,8 +7,9 @@
   non-zero (2 config, 3 invalid token, 4 not authorised, 5 IdP unavailable without cache).
 * ``device --config FILE [--user NAME]``: run the device grant in the terminal (prints the URL
   and code), then validate as above; ``--print-token`` prints the token instead of the user.
-* ``jwks --config FILE [--slurm] [--out FILE]``: print (or atomically write) the IdP's public
-  JWKS; ``--slurm`` normalises it for Slurm's auth/jwt (RSA keys only, ``alg`` set on each).
+* ``jwks (--config FILE | --issuer URL | --jwks-uri URL) [--slurm] [--out FILE]``: print (or
+  atomically write) the IdP's public JWKS; ``--slurm`` normalises it for Slurm's auth/jwt (RSA
+  keys only, ``alg`` set on each). Needs neither authlib nor joserfc (Slurm controllers).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from typing import List, Optional
 from .config import load_config
 from .core import Authenticator
 from .errors import OIDCError
-from .slurm import normalise_jwks_for_slurm, write_jwks
+from .slurm import fetch_jwks, normalise_jwks_for_slurm, write_jwks
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,15 +36,37 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--user")
     d.add_argument("--print-token", action="store_true")
     j = sub.add_parser("jwks", help="print or write the IdP's public JWKS")
-    j.add_argument("--config", required=True)
+    j.add_argument("--config")
+    j.add_argument("--issuer", help="instead of --config: the issuer (discovery finds jwks_uri)")
+    j.add_argument("--jwks-uri", help="instead of discovery")
     j.add_argument("--slurm", action="store_true", help="normalise for Slurm auth/jwt (RSA, alg on every key)")
-    j.add_argument("--out")
+    j.add_argument("--out", help="write atomically (mode 0400) when the content changed; prints changed/unchanged")
     return p
+
+
+def _jwks(args: argparse.Namespace) -> int:
+    if args.config:
+        cfg = load_config(args.config)
+        jwks = fetch_jwks(cfg.issuer, args.jwks_uri or cfg.jwks_uri, cfg.http_timeout)
+    else:
+        jwks = fetch_jwks(args.issuer, args.jwks_uri)
+    if args.slurm:
+        jwks = normalise_jwks_for_slurm(jwks)
+        if not jwks["keys"]:
+            print("gpufleet-oidc: rejected: the IdP publishes no RSA signing key Slurm could use", file=sys.stderr)
+            return 5
+    if args.out:
+        print("changed" if write_jwks(args.out, jwks) else "unchanged")
+    else:
+        print(json.dumps(jwks, indent=2, sort_keys=True))
+    return 0
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.cmd == "jwks":
+            return _jwks(args)
         cfg = load_config(args.config)
         log_lines: List[str] = []
 
@@ -74,17 +97,6 @@ def main(argv: Optional[List[str]] = None) -> int:
                 return 0
             user, _claims = auth.check_token(token, args.user)
             print(user)
-            return 0
-        if args.cmd == "jwks":
-            st = auth.keys.get_state(force=True)
-            jwks = {"keys": st["keys"]}
-            if args.slurm:
-                jwks = normalise_jwks_for_slurm(jwks)
-            if args.out:
-                changed = write_jwks(args.out, jwks)
-                print("changed" if changed else "unchanged")
-            else:
-                print(json.dumps(jwks, indent=2, sort_keys=True))
             return 0
     except OIDCError as e:
         print(f"gpufleet-oidc: rejected: {e.reason}", file=sys.stderr)

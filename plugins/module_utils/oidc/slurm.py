@@ -12,9 +12,26 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
-from .jwks import atomic_write_json
+from . import http
+from .errors import IdPUnavailable
+from .jwks import atomic_write_json, public_keys_only
+
+
+def fetch_jwks(issuer: Optional[str] = None, jwks_uri: Optional[str] = None, timeout: float = 10.0) -> Dict[str, Any]:
+    """The IdP's public JWKS: from ``jwks_uri``, or found through the issuer's discovery document."""
+    if not jwks_uri:
+        if not issuer:
+            raise IdPUnavailable("either issuer or jwks_uri is needed")
+        meta = http.get_json(issuer.rstrip("/") + "/.well-known/openid-configuration", timeout=timeout)
+        if not isinstance(meta, dict) or meta.get("issuer") != issuer:
+            raise IdPUnavailable(f"discovery issuer {meta.get('issuer') if isinstance(meta, dict) else None!r} "
+                                 f"!= {issuer!r}")
+        jwks_uri = meta.get("jwks_uri")
+        if not isinstance(jwks_uri, str):
+            raise IdPUnavailable("discovery document has no jwks_uri")
+    return {"keys": public_keys_only(http.get_json(jwks_uri, timeout=timeout))}
 
 
 def normalise_jwks_for_slurm(jwks: Dict[str, Any]) -> Dict[str, Any]:

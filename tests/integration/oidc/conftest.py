@@ -193,8 +193,8 @@ def write_config(path: Path, issuer: str, cache_dir: Path, **over) -> Path:
     return path
 
 
-def real_token(issuer: str, account: str, tmp: Path, **over) -> str:
-    """A real access token via the device grant and scripted approval."""
+def real_token(issuer: str, account: str, tmp: Path, kind: str = "access_token", **over) -> str:
+    """A real token (access or ID token) via the device grant and scripted approval."""
     from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.config import load_config
     from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.core import Authenticator
 
@@ -203,7 +203,7 @@ def real_token(issuer: str, account: str, tmp: Path, **over) -> str:
     dg = auth.device_grant()
     grant = dg.start()
     assert approve(grant["verification_uri_complete"], account) == "Sign-in Success"
-    return dg.poll(grant, 20)["access_token"]
+    return dg.poll(grant, 20)[kind]
 
 
 # ---------------------------------------------------------------- PAM / users
