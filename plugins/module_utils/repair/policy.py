@@ -47,6 +47,8 @@ from .model import (
 _BUSY_STATES = {"ALLOCATED", "ALLOC", "MIXED", "MIX", "COMPLETING", "COMP"}
 _REBOOT_FLAGS = {"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"}
 _OUT_FLAGS = {"DRAIN", "FAIL"}
+# Steps done by someone else (a hook): a sick report meanwhile does not fail them; they end healthy or time out.
+_LONG_STEPS = ("reimage", "replace")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -322,7 +324,9 @@ def _first_seen(node: Node, hist: History, ours: bool, now: float) -> float:
     if hist.incident is not None:
         return float(hist.incident.first_seen)
     t = now
-    if ours and node.reason_time is not None:
+    if node.out_of_service and node.reason_time is not None:
+        # drained by us: the agent drained it when it first saw the fault; by someone else: a long-standing drain
+        # is not a new failure (the breaker counts new ones)
         t = min(t, node.reason_time)
     return t
 
@@ -401,8 +405,11 @@ def plan(
 
     order = sorted(prepared, key=lambda p: (p[6], p[0].name))
     decisions: List[Decision] = []
+    empty = dumps(History())
     for n, hist, verdict, action, code, gpu, t0 in order:
         d = _decide(n, hist, verdict, action, code, gpu, t0, config, ctx, brk, approved, now)
+        if d.history == empty and not (n.history_text or "").strip():
+            d.history = None  # nothing to record: leave the field as it is
         decisions.append(d)
     used = {d.approval_key for d in decisions if d.approved}
     unused = sorted(approved - used)
@@ -454,7 +461,6 @@ def _decide(
                 n.reason or "no reason", " by " + n.reason_user if n.reason_user else ""
             ),
             "not_ours",
-            history=before,
         )
 
     actionable = verdict in ("unhealthy", "unknown") or (verdict == "degraded" and report_action in REPAIR_STEPS)
@@ -479,7 +485,8 @@ def _decide(
                 verify=True,
                 **_inc_kw(inc),
             )
-        elif actionable and n.report_time is not None and n.report_time > pending.started:
+        elif (actionable and pending.action not in _LONG_STEPS and n.report_time is not None
+              and n.report_time > pending.started):
             hist.finish("failed")
         elif now >= done_by:
             hist.finish("timeout")

@@ -233,6 +233,8 @@ BREAKER_ROWS = [
      False),
     ("disabled", storm(8), 8, None, {"breaker": {"enabled": False}}, False),
     ("fraction from config", storm(2), 8, None, {"breaker": {"fraction": "25%", "min_nodes": 1}}, True),
+    ("long-standing foreign drains are not new failures",
+     [node(name=f"n{i}", reason="admin", reason_time=NOW - 3 * D) for i in range(5)], 8, None, {}, False),
 ]
 
 
@@ -456,6 +458,11 @@ OWN_ROWS = [
     ("step pending, fresh unhealthy report fails it", node(report_time=NOW - 10,
                                                            history=hist(steps=[("reset_gpu", NOW - 60, None)])),
      "reboot", "ladder"),
+    ("replacement pending: a sick report does not fail it", node(report_time=NOW - 10, history=hist(
+        steps=[("reset_gpu", NOW - 9000, F), ("reboot", NOW - 8000, F), ("replace", NOW - 600, None)])),
+     "wait", "in_progress"),
+    ("replacement done: the new node reports healthy", node(rep=HEALTHY, report_time=NOW - 10, history=hist(
+        steps=[("reboot", NOW - 8000, F), ("replace", NOW - 600, None)])), "resume", "healthy_resume"),
     ("step pending past its timeout fails it", node(report_time=NOW - 4000,
                                                     history=hist(steps=[("reset_gpu", NOW - 4000, None)])),
      "reboot", "ladder"),
