@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, Optional
 
-from . import http
+from . import transport as http
 from .errors import DeviceFlowError, IdPUnavailable
 
 try:

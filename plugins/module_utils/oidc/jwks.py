@@ -26,7 +26,7 @@ import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from . import http
+from . import transport as http
 from .errors import ConfigError, IdPUnavailable, TokenRejected
 
 #: JWS alg -> (kty, crv or None)

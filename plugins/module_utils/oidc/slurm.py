@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any, Dict, Optional
 
-from . import http
+from . import transport as http
 from .errors import IdPUnavailable
 from .jwks import atomic_write_json, public_keys_only
 
