@@ -13,15 +13,18 @@
 #   SLURM_LAB_DIR [/tmp/gpufleet-lab-$SLURM_LAB_PORT_BASE]   SLURM_LAB_NODES [4]   SLURM_LAB_NODE_PREFIX [node]
 #   SLURM_LAB_GPUS [8]  SLURM_LAB_GPU_TYPE [h100]  SLURM_LAB_CPUS [16]  SLURM_LAB_MEM_MB [64000]
 #   SLURM_LAB_HEALTHCHECK_PROGRAM [$LAB/bin/healthcheck]  SLURM_LAB_HEALTHCHECK_INTERVAL [5; 0 = off]
-#   SLURM_LAB_REBOOT_PROGRAM [$LAB/bin/fake-reboot]  SLURM_LAB_JWKS [unset: no slurmrestd]
+#   SLURM_LAB_REBOOT_PROGRAM [$LAB/bin/fake-reboot]  SLURM_LAB_EPILOG [$LAB/bin/epilog; none = no Epilog]
+#   SLURM_LAB_JWKS [unset: no slurmrestd]
 #   SLURM_LAB_EXTRA_CONF [unset: file appended verbatim to slurm.conf]  SLURM_LAB_INSTALL [auto|no]
 #   SLURM_LAB_TIMEOUT [60]  SLURM_LAB_SLURMD_TIMEOUT [30]  SLURM_LAB_KEEP_STATE [0]
 #   SLURM_LAB_RELEASE [22.05 = the host's Debian Slurm | 24.11 = Debian trixie chroot]
 #   SLURM_LAB_CHROOT [/var/cache/gpufleet/trixie-chroot]  (built once with debootstrap, then reused)
 #
 # The health-check program drains a node when $LAB/flags/<node>.bad exists, then, if $LAB/etc/healthcheck.hook
-# exists and is executable, execs it (PATH and SLURM_CONF exported, SLURMD_NODENAME passed through). With
-# release 24.11 the hook runs on the host (outside the chroot) with $LAB/bin/wrap first on PATH.
+# exists and is executable, execs it (PATH and SLURM_CONF exported, SLURMD_NODENAME passed through). The
+# Epilog does the same with $LAB/etc/epilog.hook (SLURM_JOB_ID etc. passed through): a hook that sleeps keeps
+# the job COMPLETING. With release 24.11 the hooks run on the host (outside the chroot) with $LAB/bin/wrap
+# first on PATH.
 set -euo pipefail
 
 PORT_BASE=${SLURM_LAB_PORT_BASE:-16800}
@@ -35,6 +38,7 @@ MEM_MB=${SLURM_LAB_MEM_MB:-64000}
 HC_PROGRAM=${SLURM_LAB_HEALTHCHECK_PROGRAM:-$LAB/bin/healthcheck}
 HC_INTERVAL=${SLURM_LAB_HEALTHCHECK_INTERVAL:-5}
 REBOOT_PROGRAM=${SLURM_LAB_REBOOT_PROGRAM:-$LAB/bin/fake-reboot}
+EPILOG=${SLURM_LAB_EPILOG:-$LAB/bin/epilog}
 JWKS=${SLURM_LAB_JWKS:-}
 EXTRA_CONF=${SLURM_LAB_EXTRA_CONF:-}
 INSTALL=${SLURM_LAB_INSTALL:-auto}
@@ -248,6 +252,19 @@ if [[ -x "\$hook" ]]; then
 fi
 exit 0
 EOF
+  write_if_changed "$LAB/bin/epilog" 755 <<EOF || true
+#!/usr/bin/env bash
+# Lab Epilog: runs $LAB/etc/epilog.hook when it is executable (tests use it to hold a job in COMPLETING).
+export PATH=$SYS_PATH
+export SLURM_CONF=$CONF
+hook=$LAB/etc/epilog.hook
+if [[ -x "\$hook" ]]; then
+  echo "\$(date +%s.%N) \${SLURMD_NODENAME:-} job \${SLURM_JOB_ID:-}" >>$LAB/log/epilog-calls.log
+  [[ -n "$ROOT" ]] && export PATH=$LAB/bin/wrap:\$PATH
+  exec $hook_prefix /usr/bin/env PATH="\$PATH" SLURM_CONF="\$SLURM_CONF" "\$hook"
+fi
+exit 0
+EOF
   write_if_changed "$LAB/bin/fake-reboot" 755 <<EOF || true
 #!/usr/bin/env bash
 # Lab RebootProgram: slurmd runs it through system() holding its config lock, so it returns at once and a
@@ -379,6 +396,9 @@ ResumeTimeout=60
 EOF
     if ((HC_INTERVAL > 0)); then
       printf 'HealthCheckProgram=%s\nHealthCheckInterval=%s\nHealthCheckNodeState=ANY\n' "$HC_PROGRAM" "$HC_INTERVAL"
+    fi
+    if [[ "$EPILOG" != none ]] && ! { [[ -n "$EXTRA_CONF" ]] && grep -qi '^[[:space:]]*Epilog=' "$EXTRA_CONF"; }; then
+      echo "Epilog=$EPILOG"
     fi
     if [[ -n "$JWKS" ]]; then
       printf 'AuthAltTypes=auth/jwt\nAuthAltParameters=jwks=%s\n' "$LAB/etc/jwks.json"
