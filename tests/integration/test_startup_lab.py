@@ -4,11 +4,13 @@
 #       tests/integration/test_startup_lab.py -m lab
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from startup_role_helpers import apply_role, role_vars
 
 RUNNER = os.path.join(os.path.dirname(sys.executable), "gpufleet-startup")
 
@@ -115,3 +117,49 @@ def test_unknown_node_is_a_slurm_error_and_the_gate_stays_shut(lab, tmp_path):
     code, report = node.run()
     assert code == 1 and report["slurm"]["error"]
     assert node.gate() == 1  # failed and not drained: slurmd must not start
+
+
+def _unit_command(path: Path, key: str):
+    """argv of the unit's ExecStart/ExecStartPre line and its Environment= settings, as systemd would split them."""
+    argv, env = None, {}
+    for line in path.read_text().splitlines():
+        if line.startswith(key + "="):
+            argv = shlex.split(line[len(key) + 1:])
+        elif line.startswith("Environment="):
+            for item in shlex.split(line[len("Environment="):]):
+                k, _, v = item.partition("=")
+                env[k] = v
+    assert argv, f"no {key}= in {path}"
+    return argv, env
+
+
+@pytest.mark.lab
+def test_role_installed_unit_command_drains_then_resumes(lab, tmp_path, monkeypatch):
+    """The whole chain: the role's unit command line, the wrapper, the copied runner and slurm adapter, the lab."""
+    name = lab.nodes[0]
+    root = tmp_path / "root"
+    failing = {"name": "20-gpu-firmware.sh", "order": 20,
+               "content": "#!/usr/bin/env bash\necho 'firmware mismatch'\nexit 1\n"}
+    extravars = role_vars(root, startup_scripts_slurm_node=name, startup_scripts_slurm_conf=str(lab.conf),
+                          startup_scripts_scripts=[failing])
+    apply_role(tmp_path, monkeypatch, extravars)
+    systemd = root / "etc/systemd/system"
+    start, env = _unit_command(systemd / "gpufleet-startup.service", "ExecStart")
+    gate, _ = _unit_command(systemd / "slurmd.service.d/gpufleet-startup.conf", "ExecStartPre")
+    assert env == {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "SLURM_CONF": str(lab.conf)}
+    env["PATH"] = lab.env.get("PATH", env["PATH"])  # the 24.11 lane puts its wrappers first
+
+    proc = subprocess.run(start, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    state, reason = lab.wait_for(name, drained)
+    assert reason == "gpufleet: startup 20-gpu-firmware.sh"
+    assert subprocess.run(gate, env=env, capture_output=True, text=True, timeout=60).returncode == 0
+    report = json.loads((root / "var/lib/gpufleet/startup/last-run.json").read_text())
+    assert report["runner"].startswith(str(root / "opt/gpufleet/lib/"))
+    assert report["scripts"][-1]["output_tail"] == ["firmware mismatch"]
+
+    fixed = dict(failing, content="#!/usr/bin/env bash\necho 'firmware ok'\n")
+    apply_role(tmp_path, monkeypatch, dict(extravars, startup_scripts_scripts=[fixed]))
+    proc = subprocess.run(start, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lab.wait_for(name, "idle")
