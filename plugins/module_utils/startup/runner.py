@@ -72,7 +72,10 @@ class Log:
         elif journal == "on":
             self.errors.append(f"journal: socket {journal_socket} does not exist")
         if path:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            try:
+                os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            except OSError as exc:
+                self.errors.append(f"log file {path}: {exc}")
 
     def close(self) -> None:
         if self.sock is not None:
@@ -233,9 +236,12 @@ class Runner:
             if entry == self.boot_id:
                 continue
             path = os.path.join(base, entry)
-            for name in os.listdir(path):
-                os.unlink(os.path.join(path, name))
-            os.rmdir(path)
+            try:
+                for name in os.listdir(path):
+                    os.unlink(os.path.join(path, name))
+                os.rmdir(path)
+            except OSError as exc:
+                self.log.emit(f"cannot prune old boot markers {path}: {exc}", priority=4, event="warning")
 
     # -- steps ------------------------------------------------------------------------------------------------
     def _env(self, extra: Dict[str, str], name: str, attempt: int) -> Dict[str, str]:

@@ -247,3 +247,12 @@ def test_gate_lets_slurmd_start_only_after_a_good_run_this_boot(scripts, tmp_pat
     assert runner.main(gate + ["--boot-id", "b1"]) == 0
     assert runner.main(gate + ["--boot-id", "b2"]) == 1  # last report is from another boot
     assert "not this boot" in capsys.readouterr().err
+
+
+def test_a_script_that_cannot_be_executed_fails_with_the_reason(scripts):
+    script = scripts.add("noexec", "true")
+    os.chmod(script, 0o644)
+    assert runner.main(scripts.argv()) == 1
+    entry = by_name(scripts.report())["noexec"]
+    assert entry["status"] == "failed" and entry["exit_code"] is None
+    assert "cannot execute" in entry["error"] and "Permission denied" in entry["error"]
