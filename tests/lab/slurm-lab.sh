@@ -516,6 +516,10 @@ cmd_start() {
     die "the lab in $LAB runs Slurm $(cat "$LAB/etc/release"); stop it first (slurm-lab.sh stop)"
   fi
   ctld_pid >/dev/null && was_running=1
+  if [[ -f "$LAB/etc/release" && "$(cat "$LAB/etc/release")" != "$RELEASE" ]]; then
+    log "switching $LAB from Slurm $(cat "$LAB/etc/release") to $RELEASE: clearing saved state and spool"
+    rm -rf "${LAB:?}/state" "${LAB:?}/spool"
+  fi
   write_config
   echo "$RELEASE" >"$LAB/etc/release"
   start_munged
