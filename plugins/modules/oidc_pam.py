@@ -20,7 +20,7 @@ description:
     complete a device login.
   - All writes are atomic. O(state=absent) removes the include line, the include file and the configuration.
 author:
-  - gpufleet.reliability contributors
+  - gpufleet.reliability contributors (@gpufleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:

@@ -19,7 +19,7 @@ description:
   - Slurm checks only the signature and C(exp) of such tokens (no C(iss), no C(aud)); put only the keys of an IdP
     realm or tenant dedicated to the cluster in this file.
 author:
-  - gpufleet.reliability contributors
+  - gpufleet.reliability contributors (@gpufleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
