@@ -20,8 +20,18 @@ from typing import List, Optional
 
 from .config import load_config
 from .core import Authenticator
-from .errors import OIDCError
+from .errors import DeviceFlowError, OIDCError
 from .slurm import fetch_jwks, normalise_jwks_for_slurm, write_jwks
+
+
+def _out(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def _err(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -53,12 +63,12 @@ def _jwks(args: argparse.Namespace) -> int:
     if args.slurm:
         jwks = normalise_jwks_for_slurm(jwks)
         if not jwks["keys"]:
-            print("gpufleet-oidc: rejected: the IdP publishes no RSA signing key Slurm could use", file=sys.stderr)
+            _err("gpufleet-oidc: rejected: the IdP publishes no RSA signing key Slurm could use")
             return 5
     if args.out:
-        print("changed" if write_jwks(args.out, jwks) else "unchanged")
+        _out("changed" if write_jwks(args.out, jwks) else "unchanged")
     else:
-        print(json.dumps(jwks, indent=2, sort_keys=True))
+        _out(json.dumps(jwks, indent=2, sort_keys=True))
     return 0
 
 
@@ -80,26 +90,28 @@ def main(argv: Optional[List[str]] = None) -> int:
                 user, claims = auth.check_token(token, args.user)
             finally:
                 for line in log_lines:
-                    print(f"gpufleet-oidc: {line}", file=sys.stderr)
-            print(user)
+                    _err(f"gpufleet-oidc: {line}")
+            _out(user)
             if args.claims:
-                print(json.dumps(claims, sort_keys=True))
+                _out(json.dumps(claims, sort_keys=True))
             return 0
         if args.cmd == "device":
             dg = auth.device_grant()
             grant = dg.start()
             url = grant.get("verification_uri_complete") or grant["verification_uri"]
-            print(f"Open {url} and confirm the code {grant['user_code']}", file=sys.stderr, flush=True)
+            _err(f"Open {url} and confirm the code {grant['user_code']}")
             resp = dg.poll(grant, cfg.device_timeout, first_delay=grant["interval"])
             token = auth.token_from_response(resp)
+            if not isinstance(token, str) or not token:
+                raise DeviceFlowError(f"token response has no {cfg.validate_token}")
             if args.print_token:
-                print(token)
+                _out(token)
                 return 0
             user, _claims = auth.check_token(token, args.user)
-            print(user)
+            _out(user)
             return 0
     except OIDCError as e:
-        print(f"gpufleet-oidc: rejected: {e.reason}", file=sys.stderr)
+        _err(f"gpufleet-oidc: rejected: {e.reason}")
         return e.exit_code
     except KeyboardInterrupt:
         return 130
@@ -107,4 +119,4 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    raise SystemExit(main())

@@ -23,7 +23,7 @@ from .errors import NotAuthorised
 
 def _normalise(cfg: OIDCConfig, name: str) -> str:
     if "@" in name and cfg.username_strip_domains:
-        local, _, domain = name.rpartition("@")
+        local, _sep, domain = name.rpartition("@")
         if "*" in cfg.username_strip_domains or domain.lower() in {d.lower() for d in cfg.username_strip_domains}:
             name = local
     if cfg.username_lowercase:
