@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import time
 from typing import Any, Dict, List, Optional
@@ -139,10 +138,14 @@ def _kernel_lines(args, state: Dict[str, Any], notes: List[str]):
         return [], None
 
 
+def _hostname() -> str:
+    return os.uname().nodename.split(".")[0]
+
+
 def node_name(args=None) -> str:
     if args is not None and getattr(args, "node", None):
         return args.node
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    return os.environ.get("SLURMD_NODENAME") or _hostname()
 
 
 def slurm_act(report: Report, name: str, client=None) -> Dict[str, Any]:
@@ -266,7 +269,7 @@ def write_textfile(directory: str, text: str) -> str:
 def record(directory: str, snap: Snapshot, kernel_text: str, report: Report, deadline: float) -> str:
     from .. import nvml
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    host = socket.gethostname().split(".")[0]
+    host = _hostname()
     out = os.path.join(directory, f"{host}-{stamp}")
     os.makedirs(out, exist_ok=True)
     header = (f"recorded by gpufleet-health --record on {host} at {stamp}; source {snap.source}; "
@@ -333,7 +336,7 @@ def check(args) -> int:
     state: Dict[str, Any] = load_state(args.state_file) if args.state_file else {}
     snap = _snapshot(args)
     if snap.hostname is None:
-        snap.hostname = socket.gethostname().split(".")[0]
+        snap.hostname = _hostname()
     lines, cursor = _kernel_lines(args, state, notes)
     try:
         report = judge(snap, lines, config=cfg, state=state, now=args.now)
