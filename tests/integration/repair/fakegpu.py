@@ -1,9 +1,10 @@
 """The GPU stand-in for the repair lab tests: faults are replayed kernel lines from real captures, the GPUs are a
-replayed healthy H100 ``nvidia-smi -q -x`` capture, and the verdict comes from the real health brain (judge).
+replayed healthy H100 ``nvidia-smi -q -x`` capture, and the verdict comes from the real node agent
+(``gpufleet-health check``, which drains its own node with ``--slurm``).
 
     fakegpu.py inject LAB NODE FAULT CLEARED_BY   FAULT: xid48 | xid79; CLEARED_BY: reset_gpu | reboot | never
-    fakegpu.py agent LAB NODE        the lab's healthcheck.hook: judge, write $LAB/reports/NODE.json, drain if sick
-    fakegpu.py check LAB NODE        judge now, write the report and print it (the playbook's verification)
+    fakegpu.py agent LAB NODE        the lab's healthcheck.hook: agent with --slurm, report to $LAB/reports/NODE.json
+    fakegpu.py check LAB NODE        the agent without --slurm; writes the report and prints it (verification)
     fakegpu.py nvidia-smi LAB NODE ARGS...   a fake nvidia-smi for gpu_reset (-r clears reset_gpu faults)
 
 A reboot (the lab's RebootProgram restarts that node's slurmd) is noticed as a new slurmd PID and clears faults
@@ -22,12 +23,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "collections"))
-
-from ansible_collections.gpufleet.reliability.plugins.module_utils.health import (  # noqa: E402
-    judge,
-    read_nvidia_smi_xml,
-)
 
 FIXTURES = REPO / "tests" / "fixtures" / "gpu"
 CAPTURE = FIXTURES / "h100-8gpu-580.105.08-healthy.nvidia-smi-q-x.xml"
@@ -35,8 +30,8 @@ GPU3_PCI = "0000:86:00"  # GPU 3 of that capture
 
 
 def _verbatim(name):
-    text = (FIXTURES / name).read_text()
-    return text.split("# ---- verbatim below this line ----\n", 1)[1].splitlines()
+    """The capture's lines without its header comments."""
+    return [ln for ln in (FIXTURES / name).read_text().splitlines() if ln.strip() and not ln.startswith("#")]
 
 
 def fault_lines(fault: str):
@@ -93,32 +88,33 @@ def current_fault(lab: Path, node: str):
     return f
 
 
-def report(lab: Path, node: str) -> dict:
-    snap = read_nvidia_smi_xml(CAPTURE.read_text())
+def report(lab: Path, node: str, drain: bool = False) -> dict:
+    """Run the real node agent (gpufleet-health check) on the replayed GPUs and the node's fault lines."""
     f = current_fault(lab, node)
-    now = time.time()
-    r = judge(snapshot=snap, kmsg_lines=f["lines"] if f else [], now=now)
-    data = {"report": r.to_dict(), "checked_at": now, "node": node}
+    kmsg = "-"
+    if f:
+        kmsg_path = lab / "faults" / f"{node}.kmsg"
+        kmsg_path.write_text("\n".join(f["lines"]) + "\n")
+        kmsg = str(kmsg_path)
+    agent_bin = Path(sys.executable).parent / "gpufleet-health"
+    argv = [str(agent_bin), "check", "--nvidia-smi-xml", str(CAPTURE), "--kmsg", kmsg, "--as-of", "now", "--json",
+            "--node", node]
+    if drain:
+        argv.append("--slurm")
+    env = dict(os.environ, SLURM_CONF=str(lab / "etc" / "slurm.conf"))
+    env["PATH"] = env.get("PATH", "") + ":/usr/sbin:/usr/bin:/sbin:/bin"
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    try:
+        data = json.loads(proc.stdout)
+    except ValueError:
+        raise SystemExit(f"gpufleet-health check rc={proc.returncode}: {proc.stderr.strip()[:500]}")
     _write_json(lab / "reports" / f"{node}.json", data)
     return data
 
 
-def _scontrol(lab: Path, *args) -> subprocess.CompletedProcess:
-    env = dict(os.environ, SLURM_CONF=str(lab / "etc" / "slurm.conf"))
-    return subprocess.run(["scontrol", *args], env=env, capture_output=True, text=True, timeout=30)
-
-
 def agent(lab: Path, node: str) -> int:
-    data = report(lab, node)
-    r = data["report"]
-    if r["verdict"] != "unhealthy":
-        return 0
-    out = _scontrol(lab, "show", "node", node).stdout
-    state = out.split("State=", 1)[1].split()[0] if "State=" in out else ""
-    if "DRAIN" in state or state.startswith("DOWN"):
-        return 0  # already out of service (by us or by someone else): never touch it
-    where = f" gpu{r['gpu']}" if r.get("gpu") is not None else ""
-    _scontrol(lab, "update", f"NodeName={node}", "State=DRAIN", f"Reason=gpufleet: {r['code']}{where}")
+    """The lab's healthcheck.hook: the real agent drains its own node when unhealthy (and never resumes)."""
+    report(lab, node, drain=True)
     return 0
 
 

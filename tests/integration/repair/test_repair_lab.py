@@ -1,0 +1,157 @@
+"""End to end in the Slurm lab: the real agent drains a sick node, repair.yml (through ansible-runner, as AWX runs
+it) resets the GPU, reboots through RebootProgram, verifies and resumes; replace + hot spare; foreign drains are
+never touched; a storm trips the breaker; a crash converges; approval mode applies exactly the approved steps."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import wait_until
+
+pytestmark = pytest.mark.lab
+
+
+def _idle(rl, node):
+    return lambda: rl.lab.node_states()[node] == ("idle", "")
+
+
+def test_reset_then_reboot_then_resume_and_replace_with_spare(repair_lab):
+    rl = repair_lab
+    lab = rl.lab
+    n1, n2, n3, spare = lab.nodes[0], lab.nodes[1], lab.nodes[2], lab.nodes[-1]
+    rl.spare(spare)
+    # someone else's drain, on a node that is also sick: never touched
+    lab.run("scontrol", "update", f"NodeName={n1}", "State=DRAIN", "Reason=maintenance: dimm swap")
+    rl.inject(n1, "xid79", "never")
+    # fault 1: Xid 48 (DBE + row remap) on GPU 3 that a GPU reset does not fix but a reboot does
+    rl.inject(n2, "xid48", "reboot")
+    state, reason = rl.drained_by_agent(n2)
+    assert reason.startswith("gpufleet: xid48 gpu3")
+
+    runs = rl.until(_idle(rl, n2), runs=4)
+    assert len(rl.resets()) == 1 and f" {n2} -r -i 3" in rl.resets()[0]
+    assert [ln for ln in rl.reboots() if f"node={n2}" in ln], rl.reboots()
+    first = runs[0]["gpufleet_repair_plan"]["decisions"]
+    assert {d["node"]: d["action"] for d in first}[n2] == "reset_gpu"
+    h = rl.history(n2)
+    assert "i" not in h and h["p"].startswith("gm") and "g" in h["r"] and "b" in h["r"], h
+    results = [r for art in runs for r in art.get("gpufleet_repair_result", [])]
+    assert any(r["node"] == n2 and r["action"] == "reboot" and r["verified"] == "healthy" for r in results), results
+
+    # the foreign drain is exactly as it was
+    assert lab.node_states()[n1] == ("drained", "maintenance: dimm swap")
+    assert rl.history(n1) == {}
+    held = {d["node"]: d for d in first}[n1]
+    assert (held["action"], held["rule"]) == ("hold", "not_ours")
+
+    # fault 2: the GPU fell off the bus and stays off: reboot, then replace through the hook, and the spare joins
+    rl.inject(n3, "xid79", "never")
+    rl.drained_by_agent(n3)
+    rl.until(lambda: lab.node_states()[spare][0] == "idle", runs=4)
+    calls = rl.hook_calls()
+    assert len(calls) == 1 and calls[0]["node"] == n3 and calls[0]["action"] == "replace", calls
+    assert calls[0]["idempotency_key"].startswith("gpufleet-")
+    state3, reason3 = lab.node_states()[n3]
+    assert state3 in ("drained", "down") and reason3.startswith("gpufleet: replace"), (state3, reason3)
+    assert rl.history(n3)["i"]["sp"] == spare
+    # another run: the replacement is pending; nothing is called twice, the spare stays in service
+    _r, art = rl.run()
+    d3 = {d["node"]: d for d in art["gpufleet_repair_plan"]["decisions"]}[n3]
+    assert d3["action"] == "wait" and len(rl.hook_calls()) == 1
+    assert lab.node_states()[spare][0] == "idle"
+    assert lab.node_states()[n1] == ("drained", "maintenance: dimm swap")
+
+
+def test_storm_trips_the_breaker_and_limits_the_blast_radius(repair_lab):
+    rl = repair_lab
+    lab = rl.lab
+    sick = lab.nodes[: max(2, len(lab.nodes) // 2)]
+    for n in sick:
+        rl.inject(n, "xid48", "reset_gpu")
+    for n in sick:
+        rl.drained_by_agent(n)
+
+    # 1. breaker: half the fleet failed within 5 minutes -> nothing is acted on, nothing resumed, state persisted
+    cfg = {"breaker": {"fraction": "50%", "min_nodes": 2, "window": "5m"}}
+    _r, art = rl.run(config=cfg)
+    plan = art["gpufleet_repair_plan"]
+    assert plan["breaker"]["tripped"] and sorted(plan["breaker"]["nodes"]) == sorted(sick)
+    assert rl.breaker()["tripped"] is True
+    assert rl.resets() == [] and rl.reboots() == []
+    assert all(d["action"] == "hold" for d in plan["decisions"])
+    assert all(lab.node_states()[n][0] == "drained" for n in sick)
+    # it stays tripped on the next run (persisted), even with the faults now older than the window
+    _r, art = rl.run(config=dict(cfg, breaker={"fraction": "50%", "min_nodes": 2, "window": 1}))
+    assert art["gpufleet_repair_plan"]["breaker"]["tripped"] and rl.resets() == []
+
+    # 2. a person resets the breaker; with max_unavailable 1 only one node is repaired at a time
+    limited = {"breaker": {"enabled": False}, "blast_radius": {"max_unavailable": 1, "min_healthy": 0}}
+    _r, art = rl.run(config=limited, node_repair_breaker_reset=True)
+    assert not rl.breaker()["tripped"]
+    acted = [d for d in art["gpufleet_repair_plan"]["decisions"] if d["runnable"]]
+    assert len(acted) == 1 and len(rl.resets()) == 1
+    # nothing unhealthy was resumed: every sick node not yet repaired is still drained
+    fixed = acted[0]["node"]
+    assert lab.node_states()[fixed] == ("idle", "")
+    assert all(lab.node_states()[n][0] == "drained" for n in sick if n != fixed)
+
+
+def test_crash_in_the_middle_of_a_repair_converges(repair_lab):
+    rl = repair_lab
+    lab = rl.lab
+    n2 = lab.nodes[1]
+    rl.inject(n2, "xid48", "reboot")
+    rl.drained_by_agent(n2)
+    rl.run()  # reset_gpu, verification fails (the fault needs a reboot)
+    assert len(rl.resets()) == 1 and lab.node_states()[n2][0] == "drained"
+    # the next run reboots; kill it as soon as the reboot has been asked for
+    proc = rl.start_async()
+    try:
+        wait_until(lambda: any(f"node={n2}" in ln for ln in rl.reboots()) or proc.poll() is not None, timeout=120,
+                   what="reboot issued")
+    finally:
+        rl.kill(proc)
+    h = rl.history(n2)
+    assert h["i"]["s"][-1][0] == "b" and h["i"]["s"][-1][2] is None, h  # the intent log shows the pending reboot
+    # run again: it converges (verifies the reboot, resumes), never reboots twice
+    rl.until(_idle(rl, n2), runs=3)
+    assert len([ln for ln in rl.reboots() if f"node={n2}" in ln]) == 1
+    assert "i" not in rl.history(n2)
+    # no node is left drained without a pending action or an escalation
+    _r, art = rl.run()
+    states = lab.node_states()
+    for d in art["gpufleet_repair_plan"]["decisions"]:
+        if states[d["node"]][0] in ("drained", "down"):
+            assert d["action"] != "hold" or d["rule"] in ("escalated", "not_ours"), d
+
+
+def test_approval_mode_changes_nothing_before_approval(repair_lab, tmp_path):
+    rl = repair_lab
+    lab = rl.lab
+    n2 = lab.nodes[1]
+    rl.inject(n2, "xid48", "reboot")
+    rl.drained_by_agent(n2)
+    before = lab.node_states()
+    cfg = {"modes": {"default": "approval"}}
+    _r, art = rl.run(config=cfg)
+    plan = art["gpufleet_repair_plan"]
+    assert plan["pending_approval"] == [f"{n2}:reset_gpu:1"]
+    assert lab.node_states() == before and rl.resets() == [] and rl.reboots() == []
+
+    # an approvals file (as an AWX approval node or a person would write it) applies exactly that step
+    approvals = tmp_path / "approvals.json"
+    approvals.write_text(f'["{n2}:reset_gpu:1"]')
+    _r, art = rl.run(config=cfg, node_repair_approvals_file=str(approvals))
+    assert len(rl.resets()) == 1 and rl.reboots() == []
+    assert lab.node_states()[n2][0] == "drained"
+    # the reboot is the next step and needs its own approval; the old approval does not cover it
+    _r, art = rl.run(config=cfg, node_repair_approvals_file=str(approvals))
+    assert art["gpufleet_repair_plan"]["pending_approval"] == [f"{n2}:reboot:1"]
+    assert rl.reboots() == [] and len(rl.resets()) == 1
+    # approved as an extra var: the reboot runs, is verified, and the node is resumed in the same run (a verified
+    # resume belongs to the approved step)
+    _r, art = rl.run(config=cfg, node_repair_approvals=[f"{n2}:reboot:1"])
+    assert len(rl.reboots()) == 1
+    assert lab.node_states()[n2] == ("idle", "")
+    assert art["gpufleet_repair_plan"]["unused_approvals"] == []
+    # the other nodes were never touched
+    assert all(lab.node_states()[n] == before[n] for n in lab.nodes if n != n2)
