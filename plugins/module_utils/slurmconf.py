@@ -386,6 +386,24 @@ RESTART_KEYS = {
 # require restarting both the slurmctld daemon and the slurmd daemons."
 RESTART_RECORDS = {("slurm", "nodename"), ("slurm", "frontendname"), ("slurm", "downnodes")}
 
+# From Slurm 23.11 on, scontrol(1): "this command operates by creating new processes for the daemons ... This
+# will not be able to change the daemons' listening TCP port settings or authentication mechanism."
+RECONFIGURE_RESTARTS_FROM = (23, 11)
+RESTART_KEYS_2311 = {
+    "slurm": frozenset(("slurmctldport", "slurmdport", "slurmctldhost", "controlmachine", "controladdr",
+                        "backupcontroller", "backupaddr", "authtype", "authalttypes", "authaltparameters",
+                        "authinfo")),
+    "gres": frozenset(),
+    "cgroup": frozenset(),
+}
+RESTART_RECORD_KEYS_2311 = {("slurm", "nodename"): frozenset(("port",))}
+
+
+def parse_version(text):
+    """(major, minor) from '24.11.5', 'slurm 22.05.8' or 'slurm-wlm 24.11.5'; None when there is none."""
+    match = re.search(r"(\d+)\.(\d+)", str(text or ""))
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
 
 def known_key(kind, key, record=None):
     """(spelling, validator) of a known key, or None."""
@@ -1014,20 +1032,30 @@ class ConfFile:
         return self._norm(key, value)
 
     # ------------------------------------------------------------------ effect of the changes
-    def restart_reasons(self):
-        """Changed things that need a daemon restart rather than ``scontrol reconfigure``."""
+    def restart_reasons(self, version=None):
+        """Changed things that need a daemon restart rather than ``scontrol reconfigure``.
+
+        ``version`` is the Slurm release ((major, minor) or text such as '24.11.5'). From 23.11 on, reconfigure
+        starts new daemon processes, so only listening ports and authentication need a restart; for older or
+        unknown releases the per-key notes of slurm.conf(5) and gres.conf(5) of 22.05 apply."""
+        if isinstance(version, str):
+            version = parse_version(version)
+        new_style = version is not None and tuple(version) >= RECONFIGURE_RESTARTS_FROM
         reasons = []
         for scope, name, key in self.changes:
-            if scope == "global":
+            label = None if scope == "global" else f"{canonical_key(self.kind, scope, scope)}={name}"
+            if new_style:
+                if scope == "global" and key.lower() in RESTART_KEYS_2311[self.kind]:
+                    reasons.append(key)
+                elif (scope != "global" and key is not None
+                      and key.lower() in RESTART_RECORD_KEYS_2311.get((self.kind, scope), ())):
+                    reasons.append(f"{label} {key}")
+            elif scope == "global":
                 if key.lower() in RESTART_KEYS[self.kind]:
                     reasons.append(key)
-            elif (self.kind, scope) in RESTART_RECORDS:
-                label = f"{canonical_key(self.kind, scope, scope)}={name}"
+            elif (self.kind, scope) in RESTART_RECORDS or (
+                    self.kind == "gres" and (key is None or key.lower() in RESTART_KEYS["gres"])):
                 reasons.append(label if key is None else f"{label} {key}")
-            elif self.kind == "gres":
-                label = f"{canonical_key(self.kind, scope, scope)}={name}"
-                if key is None or key.lower() in RESTART_KEYS["gres"]:
-                    reasons.append(label if key is None else f"{label} {key}")
         out = []
         for reason in reasons:
             if reason not in out:

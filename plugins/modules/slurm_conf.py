@@ -87,11 +87,22 @@ options:
       - Create O(path) (mode C(0644)) when it does not exist. Otherwise a missing file is an error.
     type: bool
     default: false
+  slurm_version:
+    description:
+      - The Slurm release the file is for (for example V(22.05.8) or V(24.11)); it decides which changes need a
+        restart (RV(restart_needed)). From 23.11 on, C(scontrol reconfigure) starts new daemon processes, so only
+        listening ports and authentication settings need a restart.
+      - When not given, C(scontrol --version) is asked if C(scontrol) is on the PATH (with C(SLURM_CONF) from the
+        environment, else the slurm.conf next to O(path)); when that fails too, the rules of 22.05 are used,
+        which is the cautious choice.
+    type: str
 notes:
   - Which changes need a restart instead of C(scontrol reconfigure) follows slurm.conf(5) and gres.conf(5) of
     Slurm 22.05 (for example C(SlurmctldPort), C(SlurmdPort), C(AuthType), C(AuthAltTypes), C(SelectType),
     C(ProctrackType), C(GresTypes), C(StateSaveLocation), any change of a C(NodeName) line, gres C(Type) and
-    C(Cores)). The list is in the collection's C(module_utils/slurmconf.py) (C(RESTART_KEYS)).
+    C(Cores)). From Slurm 23.11 on, scontrol(1) says reconfigure cannot change listening TCP ports or the
+    authentication mechanism, and everything else takes effect. The lists are in the collection's
+    C(module_utils/slurmconf.py) (C(RESTART_KEYS), C(RESTART_KEYS_2311)).
   - C(Include) files are not followed; keys set there are not seen.
 seealso:
   - name: slurm.conf(5)
@@ -166,6 +177,13 @@ restart_reasons:
   type: list
   elements: str
   sample: [SlurmctldPort]
+slurm_version:
+  description:
+    - The Slurm release used to decide RV(restart_needed) (given, or from C(scontrol --version)).
+    - Null when not given and unknown, or when nothing changed.
+  returned: always
+  type: str
+  sample: "22.05.8"
 backup_file:
   description: Name of the backup of the old file.
   returned: when O(backup=true) and the file changed
@@ -182,8 +200,31 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.slurmconf imp
     SlurmConfError,
     canonical_key,
     guess_kind,
+    parse_version,
     write_atomic,
 )
+
+
+def _slurm_version(module, detect):
+    given = module.params["slurm_version"]
+    if given:
+        if parse_version(given) is None:
+            module.fail_json(msg=f"slurm_version: expected a release such as 22.05.8 or 24.11, got {given!r}")
+        return given
+    if not detect:
+        return None
+    scontrol = module.get_bin_path("scontrol")
+    if not scontrol:
+        return None
+    # scontrol reads a slurm.conf even for --version: the one in the environment, else the one next to path
+    env = {}
+    sibling = os.path.join(os.path.dirname(os.path.abspath(module.params["path"])), "slurm.conf")
+    if not os.environ.get("SLURM_CONF") and os.path.isfile(sibling):
+        env["SLURM_CONF"] = sibling
+    rc, out, _err = module.run_command([scontrol, "--version"], environ_update=env)
+    if rc != 0 or parse_version(out) is None:
+        return None
+    return out.split()[-1].strip()
 
 
 def _records(module, conf, head, items, option):
@@ -226,6 +267,7 @@ def main():
             backup=dict(type="bool", default=False),
             validate=dict(type="bool", default=True),
             create=dict(type="bool", default=False),
+            slurm_version=dict(type="str"),
         ),
         supports_check_mode=True,
     )
@@ -271,10 +313,12 @@ def main():
             ConfFile(after, kind, path=path, validate=params["validate"])  # what we write must read back
         except SlurmConfError as exc:  # pragma: no cover - guards against editor bugs
             module.fail_json(msg=f"internal error, nothing written: the edited file does not parse: {exc}")
-    reasons = conf.restart_reasons() if changed else []
+    version = _slurm_version(module, detect=changed)
+    reasons = conf.restart_reasons(version) if changed else []
     result = dict(
         changed=changed,
         kind=kind,
+        slurm_version=version,
         changes=_describe(conf) if changed else [],
         restart_needed=bool(reasons),
         restart_reasons=reasons,

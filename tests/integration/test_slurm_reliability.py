@@ -97,6 +97,7 @@ def files(tmp_path):
 def test_profile_on_copies_is_idempotent_and_check_mode_writes_nothing(tmp_path, monkeypatch, files):
     extravars = role_vars(files, files / "slurm.conf", files / "gres.conf", "/tmp/lab/bin/healthcheck",
                           "/tmp/lab/bin/fake-reboot", reconfigure=False)
+    extravars["slurm_reliability_slurm_version"] = "22.05.8"  # restart rules of 22.05, whatever scontrol is here
     r, tasks = run_harden(tmp_path, monkeypatch, extravars, cmdline="--check --diff")
     assert r.status == "successful", tasks
     assert changed_count(r) > 0

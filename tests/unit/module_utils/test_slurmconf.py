@@ -267,6 +267,23 @@ def test_restart_versus_reconfigure():
     assert c.restart_reasons() == ["SlurmctldPort", "AuthAltTypes"]
 
 
+def test_restart_rules_from_slurm_23_11():
+    c = conf(LAB)
+    c.set("SelectType", "select/cons_res")
+    c.set("SlurmdPort", 6818)
+    c.set_record("NodeName", {"NodeName": "node[1-4]", "Port": "[17901-17904]", "CPUs": 8})
+    c.set_record("NodeName", {"NodeName": "node5"})
+    assert c.restart_reasons() == ["SelectType", "SlurmdPort", "NodeName=node[1-4] Port", "NodeName=node[1-4] CPUs",
+                                   "NodeName=node5"]
+    assert c.restart_reasons("22.05.8") == c.restart_reasons()
+    # 23.11+: reconfigure starts new daemons; only listening ports and authentication need a restart
+    assert c.restart_reasons("slurm 24.11.5") == ["SlurmdPort", "NodeName=node[1-4] Port"]
+    assert c.restart_reasons((23, 11)) == ["SlurmdPort", "NodeName=node[1-4] Port"]
+    g = conf("AutoDetect=off\n", "gres")
+    g.set("AutoDetect", "nvml")
+    assert g.restart_reasons("23.02.7") == ["AutoDetect"] and g.restart_reasons("24.11.5") == []
+
+
 # ------------------------------------------------------------------------------------------- errors
 @pytest.mark.parametrize("text,lineno,what", [
     ("ClusterName=x\nNodeName\n", 2, "expected Key=Value"),

@@ -1,6 +1,7 @@
 # The slurm_conf module run for real through Ansible: pytest-ansible's `localhost` for plain calls, and
 # ansible-playbook (through ansible-runner) for --check and --diff, which the pytest-ansible dispatcher lacks.
 import os
+import re
 import stat
 import sys
 from pathlib import Path
@@ -56,7 +57,7 @@ def test_set_change_remove_is_idempotent(localhost, conf):
 
 
 def test_nodes_and_partitions(localhost, conf):
-    res = slurm_conf(localhost, path=str(conf),
+    res = slurm_conf(localhost, path=str(conf), slurm_version="22.05.8",
                      nodes=[{"NodeName": "node[1-4]", "RealMemory": 32000, "Weight": 5},
                             {"NodeName": "node5", "CPUs": 16, "Port": 16905}],
                      partitions=[{"PartitionName": "debug", "Nodes": "node5", "State": "UP"},
@@ -81,16 +82,37 @@ def test_nodes_and_partitions(localhost, conf):
 
 
 def test_restart_keys_are_reported(localhost, conf):
-    res = slurm_conf(localhost, path=str(conf), settings={"SlurmctldPort": 16818, "AuthAltTypes": "auth/jwt",
-                                                          "HealthCheckInterval": 60})
+    settings = {"SlurmctldPort": 16818, "AuthAltTypes": "auth/jwt", "SelectType": "select/linear",
+                "HealthCheckInterval": 60}
+    res = slurm_conf(localhost, path=str(conf), settings=settings, slurm_version="22.05.8")
     assert res["restart_needed"] is True and res["reconfigure_needed"] is False
-    assert res["restart_reasons"] == ["SlurmctldPort", "AuthAltTypes"]
+    assert res["restart_reasons"] == ["SlurmctldPort", "AuthAltTypes", "SelectType"]
+    assert res["slurm_version"] == "22.05.8"
+    conf.write_text(SLURM_CONF)
+    res = slurm_conf(localhost, path=str(conf), settings=settings, slurm_version="24.11.5")
+    assert res["restart_reasons"] == ["SlurmctldPort", "AuthAltTypes"]  # 23.11+: reconfigure re-execs
+    conf.write_text(SLURM_CONF)
+    res = slurm_conf(localhost, path=str(conf), settings={"SelectType": "select/linear"}, slurm_version="24.11")
+    assert res["restart_needed"] is False and res["reconfigure_needed"] is True
+
+
+def test_slurm_version_from_scontrol_and_bad_version(localhost, tmp_path, conf):
+    # scontrol on the PATH is asked (the Debian client on this machine, or the lab's wrapper); even for --version
+    # it must read a valid slurm.conf: SLURM_CONF when set, else the file next to path
+    valid = tmp_path / "etc" / "slurm.conf"
+    valid.parent.mkdir()
+    valid.write_text("ClusterName=x\nSlurmctldHost=localhost\n")
+    res = slurm_conf(localhost, path=str(valid), settings={"KillOnBadExit": 1})
+    assert res.is_successful, res
+    assert re.fullmatch(r"\d+\.\d+\.\d+", res["slurm_version"] or ""), res
+    res = slurm_conf(localhost, path=str(conf), settings={"KillOnBadExit": 0}, slurm_version="latest")
+    assert res.is_failed and "slurm_version: expected a release such as 22.05.8" in res["msg"]
 
 
 def test_gres_and_cgroup_kinds_from_file_names(localhost, tmp_path):
     gres = tmp_path / "gres.conf"
     gres.write_text("AutoDetect=off\nNodeName=node[1-4] Name=gpu Type=h100 File=/dev/nvidia[0-7]\n")
-    res = slurm_conf(localhost, path=str(gres), settings={"AutoDetect": "nvml"})
+    res = slurm_conf(localhost, path=str(gres), settings={"AutoDetect": "nvml"}, slurm_version="22.05")
     assert res.is_successful and res["kind"] == "gres" and res["restart_reasons"] == ["AutoDetect"]
     assert gres.read_text().startswith("AutoDetect=nvml\nNodeName=node[1-4] Name=gpu")
     cgroup = tmp_path / "cgroup.conf"
