@@ -21,7 +21,7 @@ description:
     check mode the file is read but not written.
   - The verdict is returned, also as the fact C(gpufleet_health); an unhealthy node does not fail the task.
 author:
-  - gpufleet.reliability contributors
+  - gpufleet.reliability contributors (@gpufleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
