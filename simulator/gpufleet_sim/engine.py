@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import random
+import zlib
 from dataclasses import dataclass, field
 
 import simpy
@@ -79,6 +80,7 @@ class Job:
         self.useful_compute = 0.0
         self.interruptions = 0
         self.by_class: dict[str, int] = {}
+        self.planned_by_class: dict[str, int] = {}  # proactive drains at a checkpoint (no crash)
         self.downtimes: list[float] = []
         self.wake: simpy.Event | None = None
         self.seg_start, self.seg_rate = 0.0, 1.0
@@ -89,7 +91,8 @@ class Job:
                 if r > 0:
                     self.jf_classes.append((f, r))
         self.jf_rate = sum(r for _f, r in self.jf_classes)
-        self.jf_next = sim.rng.expovariate(self.jf_rate) if self.jf_rate > 0 else math.inf
+        self.jrng = sim.stream("jobfault:" + self.name)
+        self.jf_next = self.jrng.expovariate(self.jf_rate) if self.jf_rate > 0 else math.inf
         self.continuous = spec["checkpoint_interval_min"] == 0  # in-memory every step: no lost work
         self.tau = sim.checkpoint_interval(self) if not self.continuous else math.inf
         self.delta = spec["checkpoint_cost_min"] * H
@@ -123,14 +126,14 @@ class Job:
         if self.jf_rate > 0:
             now = env.now
             if self.jf_next < now:  # drawn before an unexposed stretch: redraw (memoryless, exact)
-                self.jf_next = now + self.sim.rng.expovariate(self.jf_rate)
+                self.jf_next = now + self.jrng.expovariate(self.jf_rate)
             exposed = self.computing or self.spec["faults_while_down"]
             if exposed and self.jf_next < now + dt:
                 try:
                     yield env.timeout(self.jf_next - now)
                 except simpy.Interrupt:
                     return False
-                self.jf_next = env.now + self.sim.rng.expovariate(self.jf_rate)
+                self.jf_next = env.now + self.jrng.expovariate(self.jf_rate)
                 self.sim.job_fault(self)
                 return False
         try:
@@ -249,7 +252,11 @@ class Job:
 class Sim:
     def __init__(self, sc: dict, policy: dict, seed: int, brain, horizon_h: float | None = None):
         self.sc, self.policy, self.brain = sc, policy, brain
+        self.seed = seed
         self.rng = random.Random(seed)
+        # common random numbers: fault arrivals and the properties of each fault come from their own streams, so
+        # every policy run with the same seed meets the same faults at the same times (sharper comparisons)
+        self.frng = {f["name"]: self.stream("fault:" + f["name"]) for f in sc["faults"]}
         self.env = simpy.Environment()
         cl = sc["cluster"]
         self.N = cl["nodes"]
@@ -287,7 +294,7 @@ class Sim:
         lf = sc["lemons"]["fraction"]
         if lf > 0:
             k = int(round(lf * self.N))
-            for n in self.rng.sample(range(self.N), k):
+            for n in self.stream("lemon-pick").sample(range(self.N), k):
                 self.recs[n] = NodeRec(n, lemon=True)
                 self.lemons_initial.append(n)
         self.jobs_left = len(self.jobs)
@@ -409,8 +416,11 @@ class Sim:
             self.all_done.succeed()
 
     # --- fault arrival -------------------------------------------------------------------------------------------
+    def stream(self, name: str) -> random.Random:
+        return random.Random(self.seed * 1_000_003 + zlib.crc32(name.encode()))
+
     def _fault_process(self, f: dict):
-        env, rng = self.env, self.rng
+        env, rng = self.env, self.frng[f["name"]]
         scope = f["scope"]
         if scope == "job":
             return  # drawn inside each job process (Job._sleep)
@@ -439,7 +449,7 @@ class Sim:
                 self._strike_node(rng.randrange(self.N), f)
 
     def _lemon_process(self, classes: list[dict]):
-        env, rng = self.env, self.rng
+        env, rng = self.env, self.stream("lemons")
         mult = self.sc["lemons"]["multiplier"] - 1.0
         weights = [f["per_node_h"] * mult for f in classes]
         per_lemon = sum(weights)
@@ -483,7 +493,7 @@ class Sim:
     def job_fault(self, job: Job) -> None:
         """A job-scope fault drawn by the job itself (called from inside the job process)."""
         self.stats["events"] += 1
-        x = self.rng.random() * job.jf_rate
+        x = job.jrng.random() * job.jf_rate
         for f, r in job.jf_classes:  # noqa: B007 - f is the pick
             x -= r
             if x <= 0:
@@ -513,7 +523,7 @@ class Sim:
         if not nodes:
             return
         now = self.env.now
-        out = f["outage_h"]["sample"](self.rng)
+        out = f["outage_h"]["sample"](self.frng[f["name"]])
         hit_jobs = {}
         for n in nodes:
             o = self.owner[n]
@@ -544,9 +554,11 @@ class Sim:
         self._bring_back(n)
         self.node_returns(n)
 
-    def _count(self, job: Job, f: dict) -> None:
+    def _count(self, job: Job, f: dict, planned: bool = False) -> None:
         job.interruptions += 1
         job.by_class[f["name"]] = job.by_class.get(f["name"], 0) + 1
+        if planned:
+            job.planned_by_class[f["name"]] = job.planned_by_class.get(f["name"], 0) + 1
 
     def _strike_node(self, n: int, f: dict) -> None:
         if not self._can_fail(n):
@@ -582,10 +594,11 @@ class Sim:
             self.env.process(self._silent(job, n, f, rollback, tok))
             return
         pre = f["precursor"]
-        if pre and self.rng.random() < pre["share"]:
+        fr = self.frng[f["name"]]
+        if pre and fr.random() < pre["share"]:
             rec = self._rec(n)
             rec.state, rec.fault, rec.since = "precursor", f, now
-            lead = pre["lead_h"]["sample"](self.rng)
+            lead = pre["lead_h"]["sample"](fr)
             self.env.process(self._precursor(job, n, f, lead, rec.token))
             return
         self._crash(job, n, f)
@@ -630,7 +643,7 @@ class Sim:
                     rec.verdict = v
                     rec.state = "drained"
                     self.stats["proactive_drains"] += 1
-                    self._count(job, f)
+                    self._count(job, f, planned=True)
                     job.interrupt(Failure(n, f, env.now, env.now, False, remove=True, planned=True))
                     return
         yield env.timeout(max(0.0, fail_at - env.now))
@@ -649,7 +662,7 @@ class Sim:
 
     def _silent(self, job: Job, n: int, f: dict, rollback: float, tok: int):
         env = self.env
-        yield env.timeout(f["silent_detect_h"]["sample"](self.rng))
+        yield env.timeout(f["silent_detect_h"]["sample"](self.frng[f["name"]]))
         rec = self.recs.get(n)
         if rec is None or rec.token != tok or self.owner[n] != job.idx or job.done:
             return
@@ -668,7 +681,7 @@ class Sim:
 
     def _straggle_end(self, job: Job, n: int, f: dict):
         env = self.env
-        ep = f["episode_min"]["sample"](self.rng) * H
+        ep = f["episode_min"]["sample"](self.frng[f["name"]]) * H
         end = env.now + ep
         evict = None
         if self.policy["detection"] == "passive" and self.rng.random() < f["visible"] and f["kmsg"]:
@@ -687,7 +700,7 @@ class Sim:
                 rec = self._rec(n)
                 rec.state, rec.fault, rec.since = "drained", f, env.now
                 self.stats["proactive_drains"] += 1
-                self._count(job, f)
+                self._count(job, f, planned=True)
                 job.interrupt(Failure(n, f, env.now, env.now, False, remove=True, planned=True))
             return
         yield env.timeout(ep)
@@ -901,6 +914,7 @@ class Sim:
                 "name": job.name, "gpus": job.gpus, "wall_h": wall, "work_h": useful,
                 "ettr": useful / wall if wall > 0 else 0.0,
                 "interruptions": job.interruptions, "by_class": dict(job.by_class),
+                "planned_by_class": dict(job.planned_by_class),
                 "lost_work_h": job.lost_work, "buckets": dict(job.buckets),
                 "downtime_mean_h": (sum(job.downtimes) / len(job.downtimes)) if job.downtimes else 0.0,
             })

@@ -33,10 +33,11 @@ def _fmt(ci: dict, digits: int = 1, pct: bool = False) -> str:
 
 
 def table(res: dict) -> str:
-    hdr = ["policy", "ETTR", "interruptions", "lost GPU-h", "cost $", "node MTTR h", "spares used", "retired"]
+    hdr = ["policy", "ETTR", "crashes", "drains", "lost GPU-h", "cost $", "node MTTR h", "spares used", "retired"]
     rows = []
     for name, p in res["policies"].items():
-        rows.append([name, _fmt(p["ettr"], pct=True), _fmt(p["interruptions"]), _fmt(p["lost_gpu_hours"], 0),
+        rows.append([name, _fmt(p["ettr"], pct=True), _fmt(p["crashes"]), _fmt(p["proactive_drains"]),
+                     _fmt(p["lost_gpu_hours"], 0),
                      _fmt(p["cost_usd"], 0), _fmt(p["mttr_hours"]), _fmt(p["spares_used"]), _fmt(p["nodes_retired"])])
     w = [max(len(str(r[i])) for r in rows + [hdr]) for i in range(len(hdr))]
     line = lambda r: "  ".join(str(c).ljust(w[i]) if i == 0 else str(c).rjust(w[i]) for i, c in enumerate(r))  # noqa: E731
@@ -46,8 +47,10 @@ def table(res: dict) -> str:
     best = max(res["policies"].items(), key=lambda kv: kv[1]["ettr"]["mean"])
     worst = min(res["policies"].items(), key=lambda kv: kv[1]["ettr"]["mean"])
     saved = worst[1]["lost_gpu_hours"]["mean"] - best[1]["lost_gpu_hours"]["mean"]
-    out.append(f"best: {best[0]} — saves {saved:,.0f} GPU-hours (${saved * res['price_per_gpu_hour']:,.0f}) "
-               f"against {worst[0]}")
+    tied = _tied(res["policies"], best[0])
+    out.append(f"best: {best[0]}" + (f" (tied within the 95 % CI with {', '.join(tied)})" if tied else "") +
+               f" — saves {saved:,.0f} GPU-hours (${saved * res['price_per_gpu_hour']:,.0f}) against {worst[0]}")
+    out.append("crashes: job interruptions by a fault; drains: nodes taken out at a checkpoint on a warning")
     return "\n".join(out)
 
 
@@ -55,7 +58,8 @@ def public_json(res: dict) -> dict:
     """The documented JSON: wall_s and policies.<name>.{ettr, interruptions, ...} as {mean, ci95}."""
     pols = {}
     for name, p in res["policies"].items():
-        pols[name] = {k: p[k] for k in ("ettr", "interruptions", "interruptions_by_class", "lost_gpu_hours",
+        pols[name] = {k: p[k] for k in ("ettr", "interruptions", "crashes", "interruptions_by_class",
+                                        "planned_interruptions_by_class", "lost_gpu_hours",
                                         "lost_gpu_hours_by_cause", "mttr_hours", "cost_usd", "spares_used",
                                         "nodes_retired", "proactive_drains", "repair_actions")}
         pols[name]["label"] = p["label"]
@@ -115,7 +119,7 @@ def plots(res: dict, out: Path) -> list[Path]:
     ax.set_xticks(range(len(names)), short, fontsize=9)
     lo = max(0.0, min(m) - 10)
     ax.set_ylim(lo, 100)
-    ax.set_ylabel("ETTR: useful training time / wall time (%)")
+    ax.set_ylabel(f"ETTR: useful training / wall time (%)\n(axis starts at {lo:.0f} %)")
     ax.set_title(f"{res['scenario']}: effective training time ratio per policy\n"
                  f"({res['gpus']:,} GPUs, mean of {res['seeds']} seeds, bars = 95 % CI; higher is better)")
     ax.grid(axis="y", alpha=0.3)
@@ -158,13 +162,22 @@ def plots(res: dict, out: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(10, 5))
     width = 0.8 / len(names)
     for i, n in enumerate(names):
-        vals = [pol[n]["interruptions_by_class"][c]["mean"] for c in classes]
-        ax.bar([k + i * width for k in range(len(classes))], vals, width, label=labels[i], color=colors[i])
+        allv = [pol[n]["interruptions_by_class"][c]["mean"] for c in classes]
+        plan = [pol[n]["planned_interruptions_by_class"][c]["mean"] for c in classes]
+        crash = [a - b for a, b in zip(allv, plan)]
+        xs = [k + i * width for k in range(len(classes))]
+        ax.bar(xs, crash, width, label=labels[i], color=colors[i])
+        ax.bar(xs, plan, width, bottom=crash, color="white", edgecolor=colors[i], hatch="///", linewidth=0.8)
+    from matplotlib.patches import Patch
+
+    handles, _l = ax.get_legend_handles_labels()
+    handles.append(Patch(facecolor="white", edgecolor="#555", hatch="///",
+                         label="hatched: drained at a checkpoint on a warning (no crash, no lost work)"))
     ax.set_xticks([k + 0.4 - width / 2 for k in range(len(classes))], [c.replace("_", " ") for c in classes],
                   rotation=20, ha="right", fontsize=9)
     ax.set_ylabel("job interruptions per run (mean)")
-    ax.set_title("Job interruptions by fault class (proactive drains of warned nodes included)")
-    ax.legend(fontsize=8)
+    ax.set_title("Job interruptions by fault class: crashes (solid) and proactive drains (hatched)")
+    ax.legend(handles=handles, fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     p = out / "interruptions_by_class.png"
@@ -174,6 +187,11 @@ def plots(res: dict, out: Path) -> list[Path]:
     return files
 
 
+def _tied(pol: dict, best: str) -> list:
+    lo, hi = pol[best]["ettr"]["ci95"]
+    return [n for n, p in pol.items() if n != best and p["ettr"]["ci95"][1] >= lo]
+
+
 def write_html(res: dict, out: Path, pngs: list[Path], table_text: str) -> Path:
     pol = res["policies"]
     best = max(pol.items(), key=lambda kv: kv[1]["ettr"]["mean"])
@@ -181,16 +199,18 @@ def write_html(res: dict, out: Path, pngs: list[Path], table_text: str) -> Path:
     price = res["price_per_gpu_hour"]
     saved = worst[1]["lost_gpu_hours"]["mean"] - best[1]["lost_gpu_hours"]["mean"]
     e = html.escape
+    tied = _tied(pol, best[0])
+    tie = (" Within the 95 % confidence interval it is tied with " + ", ".join(f"<b>{e(t)}</b>" for t in tied) +
+           "; more seeds (<code>--seeds</code>) would separate them.") if tied else ""
     rows = []
     for name, p in pol.items():
         lost = p["lost_gpu_hours"]["mean"]
         top = max(CAUSES, key=lambda c: p["lost_gpu_hours_by_cause"][c]["mean"])
         rows.append(
             f"<tr{' class=best' if name == best[0] else ''}><td><b>{e(name)}</b><br><small>{e(p['label'])}</small></td>"
-            f"<td>{_fmt(p['ettr'], pct=True)}</td><td>{_fmt(p['interruptions'])}</td>"
+            f"<td>{_fmt(p['ettr'], pct=True)}</td><td>{_fmt(p['crashes'])}</td><td>{_fmt(p['proactive_drains'])}</td>"
             f"<td>{lost:,.0f}</td><td>${p['cost_usd']['mean']:,.0f}</td><td>{e(CAUSE_LABEL[top])}</td>"
-            f"<td>{_fmt(p['mttr_hours'])}</td><td>{_fmt(p['spares_used'])}</td>"
-            f"<td>{_fmt(p['proactive_drains'])}</td></tr>")
+            f"<td>{_fmt(p['mttr_hours'])}</td><td>{_fmt(p['spares_used'])}</td></tr>")
     knobs = "".join(
         f"<tr><td>{e(n)}</td><td>{e(p['knobs']['detection'])}</td><td>{e(p['knobs']['repair'])}</td>"
         f"<td>{e(p['knobs']['spares'])}</td><td>{e(p['knobs']['identify'])}</td></tr>" for n, p in pol.items())
@@ -208,13 +228,14 @@ pre{{background:#f7f7f7;padding:.5em}}</style>
 GPU-hour price ${price:g}. Every number is a mean over seeds; ± is the half-width of its 95 % confidence interval.</p>
 <p class="key"><b>{e(best[0])}</b> keeps the job training {best[1]['ettr']['mean'] * 100:.1f} % of the time and
 saves <b>{saved:,.0f} GPU-hours (${saved * price:,.0f})</b> against <b>{e(worst[0])}</b>
-({worst[1]['ettr']['mean'] * 100:.1f} %).</p>
-<table><tr><th>policy</th><th>ETTR</th><th>job interruptions</th><th>lost GPU-hours</th><th>cost of lost time</th>
-<th>largest loss</th><th>node MTTR (h)</th><th>spares used</th><th>proactive drains</th></tr>{''.join(rows)}</table>
+({worst[1]['ettr']['mean'] * 100:.1f} %).{tie}</p>
+<table><tr><th>policy</th><th>ETTR</th><th>job crashes</th><th>proactive drains</th><th>lost GPU-hours</th>
+<th>cost of lost time</th><th>largest loss</th><th>node MTTR (h)</th><th>spares used</th></tr>{''.join(rows)}</table>
 <p><small>ETTR = useful training time / wall time of the job. Lost GPU-hours = job GPUs x hours not spent on useful work
 (work redone after a failure, detection and finding the bad node, restart, waiting for a replacement node, checkpoint
-stalls, slow nodes). Node MTTR = time from a node's fault until it is back in service. Proactive drains: nodes taken
-out on a warning (precursor) at a checkpoint, before they crashed the job.</small></p>
+stalls, slow nodes). Job crashes = interruptions by a fault. Proactive drains = nodes the passive checks took out on a
+warning (a precursor, or a slow GPU) at a checkpoint: the job restarts without losing work. Node MTTR = time from a
+node's fault until it is back in service.</small></p>
 {imgs}
 <h2>What the policies are</h2>
 <table><tr><th>policy</th><th>detection</th><th>repair</th><th>spares</th><th>bad node found by</th></tr>{knobs}</table>

@@ -33,6 +33,10 @@ def run_one(sc: dict, policy: dict, seed: int, brain=None, horizon_h: float | No
     for j in jobs:
         for k, v in j["by_class"].items():
             by_class[k] = by_class.get(k, 0) + v
+    planned: dict[str, int] = {}
+    for j in jobs:
+        for k, v in j["planned_by_class"].items():
+            planned[k] = planned.get(k, 0) + v
     inter = sum(j["interruptions"] for j in jobs)
     lost_total = sum(lost.values())
     mttr = st["mttr"]
@@ -42,6 +46,8 @@ def run_one(sc: dict, policy: dict, seed: int, brain=None, horizon_h: float | No
         "ettr": work_gpu_h / wall_gpu_h if wall_gpu_h else 0.0,
         "interruptions": inter,
         "interruptions_by_class": by_class,
+        "planned_interruptions_by_class": planned,
+        "crashes": inter - sum(planned.values()),
         "lost_gpu_hours": lost_total,
         "lost_gpu_hours_by_cause": lost,
         "mttr_hours": (sum(mttr) / len(mttr)) if mttr else 0.0,
@@ -60,11 +66,13 @@ def run_one(sc: dict, policy: dict, seed: int, brain=None, horizon_h: float | No
 
 def aggregate(per_seed: list[dict], classes: list[str]) -> dict:
     out: dict = {}
-    for k in ("ettr", "interruptions", "lost_gpu_hours", "mttr_hours", "cost_usd", "spares_used", "nodes_retired",
-              "proactive_drains", "job_mttf_hours", "wall_h", "repairs"):
+    for k in ("ettr", "interruptions", "crashes", "lost_gpu_hours", "mttr_hours", "cost_usd", "spares_used",
+              "nodes_retired", "proactive_drains", "job_mttf_hours", "wall_h", "repairs"):
         out[k] = mean_ci([float(r[k]) for r in per_seed])
     out["interruptions_by_class"] = {c: mean_ci([float(r["interruptions_by_class"].get(c, 0)) for r in per_seed])
                                      for c in classes}
+    out["planned_interruptions_by_class"] = {
+        c: mean_ci([float(r["planned_interruptions_by_class"].get(c, 0)) for r in per_seed]) for c in classes}
     out["lost_gpu_hours_by_cause"] = {c: mean_ci([r["lost_gpu_hours_by_cause"][c] for r in per_seed])
                                       for c in CAUSES}
     acts: dict[str, list] = {}
