@@ -44,7 +44,7 @@ options:
     default: []
   approvals_file:
     description:
-      - A JSON or YAML-free file with a list of approvals (strings C(node:action:incident)), added to O(approvals).
+      - A JSON file with a list of approvals (strings C(node:action:incident)), added to O(approvals).
       - A missing file means no approvals.
     type: path
   reports:

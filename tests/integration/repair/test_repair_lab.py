@@ -137,19 +137,22 @@ def test_approval_mode_changes_nothing_before_approval(repair_lab, tmp_path):
     assert plan["pending_approval"] == [f"{n2}:reset_gpu:1"]
     assert lab.node_states() == before and rl.resets() == [] and rl.reboots() == []
 
-    # an approvals file (as an AWX approval node or a person would write it) applies exactly that step
+    # AWX workflow: after the approval node, the apply job gets the plan job's artifacts as extra vars and
+    # approves exactly what was published
+    _r, art = rl.run(config=cfg, gpufleet_repair_plan=plan, node_repair_approve_published=True)
+    assert len(rl.resets()) == 1 and rl.reboots() == []
+    assert lab.node_states()[n2][0] == "drained"
+    # the reboot is the next step and needs its own approval; the old approvals do not cover it
     approvals = tmp_path / "approvals.json"
     approvals.write_text(f'["{n2}:reset_gpu:1"]')
     _r, art = rl.run(config=cfg, node_repair_approvals_file=str(approvals))
-    assert len(rl.resets()) == 1 and rl.reboots() == []
-    assert lab.node_states()[n2][0] == "drained"
-    # the reboot is the next step and needs its own approval; the old approval does not cover it
-    _r, art = rl.run(config=cfg, node_repair_approvals_file=str(approvals))
     assert art["gpufleet_repair_plan"]["pending_approval"] == [f"{n2}:reboot:1"]
+    assert art["gpufleet_repair_plan"]["unused_approvals"] == [[n2, "reset_gpu", "1"]]
     assert rl.reboots() == [] and len(rl.resets()) == 1
-    # approved as an extra var: the reboot runs, is verified, and the node is resumed in the same run (a verified
-    # resume belongs to the approved step)
-    _r, art = rl.run(config=cfg, node_repair_approvals=[f"{n2}:reboot:1"])
+    # approved in an approvals file: the reboot runs, is verified, and the node is resumed in the same run (a
+    # verified resume belongs to the approved step)
+    approvals.write_text(f'["{n2}:reboot:1"]')
+    _r, art = rl.run(config=cfg, node_repair_approvals_file=str(approvals))
     assert len(rl.reboots()) == 1
     assert lab.node_states()[n2] == ("idle", "")
     assert art["gpufleet_repair_plan"]["unused_approvals"] == []
