@@ -136,6 +136,18 @@ def test_profile_on_copies_is_idempotent_and_check_mode_writes_nothing(tmp_path,
     assert {p.name: p.read_bytes() for p in files.rglob("*") if p.is_file()} == before
 
 
+def test_scripts_only_mode_leaves_the_config_alone(tmp_path, monkeypatch, files):
+    extravars = role_vars(files, files / "slurm.conf", files / "gres.conf", "/tmp/lab/bin/healthcheck",
+                          "/tmp/lab/bin/fake-reboot", reconfigure=False)
+    r, tasks = run_harden(tmp_path, monkeypatch, {**extravars, "slurm_reliability_edit_config": False})
+    assert r.status == "successful", tasks
+    assert os.access(files / "epilog.d" / "50-gpufleet-health", os.X_OK)
+    assert os.access(files / "libexec" / "gpufleet-unkillable-step", os.X_OK)
+    assert (files / "slurm.conf").read_text() == LAB_LIKE and (files / "gres.conf").read_text() == GRES
+    assert not (files / "cgroup.conf").exists()
+    assert "Reconfigure slurm" not in tasks
+
+
 def test_bad_role_input_fails_before_any_change(tmp_path, monkeypatch, files):
     extravars = role_vars(files, files / "slurm.conf", files / "gres.conf", "/tmp/lab/bin/healthcheck",
                           "/tmp/lab/bin/fake-reboot", reconfigure=False)
