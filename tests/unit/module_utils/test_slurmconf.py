@@ -419,6 +419,33 @@ def test_bytes_that_are_not_utf8_survive(tmp_path):
     assert path.read_bytes() == raw + b"HealthCheckInterval=60\n"
 
 
+# ------------------------------------------------------------------------------------------- real files
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "slurmconf"
+
+
+@pytest.mark.parametrize("name,kind", [("slurm.conf.simple", "slurm"), ("slurm.conf.simple-24.11", "slurm"),
+                                       ("cgroup.conf", "cgroup")])
+def test_debian_example_files(name, kind):
+    text = (FIXTURES / name).read_text()
+    c = conf(text, kind)
+    assert c.render() == text
+    if kind == "slurm":
+        assert c.get("ClusterName") == "cluster" and c.get("slurmctldhost") == "workstation"
+        assert [e.get("NodeName") for e in c.records("NodeName")] == ["server"]
+        for key, value in (("HealthCheckProgram", "/usr/sbin/nhc"), ("HealthCheckInterval", 300),
+                           ("ReturnToService", 1), ("KillOnBadExit", 1)):
+            assert c.set(key, value) is True
+        out = c.render()
+        assert "\nReturnToService=1\n" in out and "\nReturnToService=2\n" not in out
+        # everything but the changed line and the three added ones is as before
+        assert len(split_lines(out)) == len(split_lines(text)) + 3
+        assert conf(out).get("HealthCheckProgram") == "/usr/sbin/nhc"
+    else:
+        assert c.set("ConstrainDevices", True) is False  # already yes
+        assert c.set("ConstrainKmemSpace", "YES") is True
+        assert "\nConstrainKmemSpace=yes        #avoid known Kernel issues\n" in c.render()
+
+
 # ------------------------------------------------------------------------------------------- fuzzing
 KEYS = st.sampled_from(["ClusterName", "HealthCheckInterval", "NodeName", "PartitionName", "Nodes", "CPUs",
                         "Gres", "Include", "A", "b_2", "State", "PrologFlags"])
