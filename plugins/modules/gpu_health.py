@@ -93,6 +93,19 @@ options:
       - Seconds the NVML probe may take before it is abandoned and the verdict is V(unknown).
     type: float
     default: 20.0
+  required_mounts:
+    description:
+      - Mount points the node must have (for example C(/home), C(/scratch)); a missing one is V(unhealthy) with
+        action V(reboot). Checked on live probes.
+    type: list
+    elements: str
+    default: []
+  disk_paths:
+    description:
+      - File systems whose free space is checked on live probes (below 5 % free is V(degraded)).
+    type: list
+    elements: path
+    default: ["/", "/tmp"]
 requirements:
   - nvidia-ml-py (pynvml) on the target for live probes and for O(fake_nvml)
 notes:
@@ -180,7 +193,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils import kmsg as kmsg_adapter
-from ansible_collections.gpufleet.reliability.plugins.module_utils import nvml
+from ansible_collections.gpufleet.reliability.plugins.module_utils import nodeinfo, nvml
 from ansible_collections.gpufleet.reliability.plugins.module_utils.health import (
     CATALOG_VERSION,
     judge,
@@ -210,11 +223,14 @@ def _snapshot(module):
     if p["probe_deadline"] <= 0:
         module.fail_json(msg=f"probe_deadline: expected a number of seconds > 0, got {p['probe_deadline']}")
     try:
-        return nvml.probe_with_deadline(p["probe_deadline"], fake_nvml=p["fake_nvml"])
+        snap = nvml.probe_with_deadline(p["probe_deadline"], fake_nvml=p["fake_nvml"])
     except (OSError, ValueError) as exc:
         if p["fake_nvml"]:
             module.fail_json(msg=f"fake_nvml {p['fake_nvml']}: {exc}")
-        return Snapshot(source="nvml", probe_status=PROBE_FAILED, probe_error=str(exc))
+        snap = Snapshot(source="nvml", probe_status=PROBE_FAILED, probe_error=str(exc))
+    if not p["fake_nvml"]:
+        nodeinfo.fill(snap, disk_paths=p["disk_paths"])
+    return snap
 
 
 def main():
@@ -231,6 +247,8 @@ def main():
             kmsg_path=dict(type="str"),
             state_path=dict(type="path"),
             probe_deadline=dict(type="float", default=20.0),
+            required_mounts=dict(type="list", elements="str", default=[]),
+            disk_paths=dict(type="list", elements="path", default=["/", "/tmp"]),
         ),
         mutually_exclusive=[("nvidia_smi_xml", "nvidia_smi_text", "fake_nvml")],
         supports_check_mode=True,
@@ -241,6 +259,8 @@ def main():
         cfg["expected_gpus"] = p["expected_gpus"]
     if p["expected_driver"]:
         cfg["expected_driver"] = p["expected_driver"]
+    if p["required_mounts"]:
+        cfg["required_mounts"] = p["required_mounts"]
 
     snap = _snapshot(module)
     state = load_state(p["state_path"]) if p["state_path"] else {}

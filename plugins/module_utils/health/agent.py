@@ -116,11 +116,15 @@ def _snapshot(args) -> Snapshot:
     from .. import nvml  # the live path: pynvml in a child with a deadline (imported only when needed)
     marker = (args.state_file + ".probe-pid") if args.state_file else None
     try:
-        return nvml.probe_with_deadline(args.deadline, fake_nvml=args.fake_nvml, marker_path=marker)
+        snap = nvml.probe_with_deadline(args.deadline, fake_nvml=args.fake_nvml, marker_path=marker)
     except (OSError, ValueError) as exc:
         if args.fake_nvml:
             raise UsageError(f"--fake-nvml {args.fake_nvml}: {exc}")
-        return Snapshot(source="nvml", probe_status=PROBE_FAILED, probe_error=str(exc))
+        snap = Snapshot(source="nvml", probe_status=PROBE_FAILED, probe_error=str(exc))
+    if not args.fake_nvml:  # this machine's IB ports, mounts, disks, memory (not for stand-ins and replays)
+        from .. import nodeinfo
+        nodeinfo.fill(snap)
+    return snap
 
 
 def _kernel_lines(args, state: Dict[str, Any], notes: List[str]):
