@@ -17,7 +17,7 @@ description:
   - Optionally turns persistence mode off first (some drivers refuse to reset a GPU in persistence mode) and back
     on after.
 author:
-  - gpufleet.reliability contributors
+  - gpufleet.reliability contributors (@gpufleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:

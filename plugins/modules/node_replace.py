@@ -17,7 +17,7 @@ description:
   - A successful call is recorded under O(state_dir) by its key; calling again with the same key changes nothing and
     returns the recorded answer, so a re-run after a crash never files a second replacement.
 author:
-  - gpufleet.reliability contributors
+  - gpufleet.reliability contributors (@gpufleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:

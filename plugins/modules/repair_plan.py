@@ -16,7 +16,7 @@ description:
   - Changes nothing. The C(gpufleet.reliability.node_repair) role executes the runnable decisions.
   - The circuit breaker state is read from O(breaker_state_file); the state to persist is returned in RV(breaker).
 author:
-  - gpufleet.reliability contributors
+  - gpufleet.reliability contributors (@gpufleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -37,7 +37,7 @@ options:
     default: {}
   approvals:
     description:
-      - Approved steps, each C(node:action:incident) (the RV(plan.decisions[].approval) of a published plan).
+      - Approved steps, each C(node:action:incident) (the C(approval) of a decision in a published plan).
       - In approval mode only these steps run.
     type: list
     elements: str

@@ -21,7 +21,7 @@ description:
   - O(op=status) changes nothing and returns the node.
   - Every write is skipped when the node is already in the wanted state (C(changed=false)).
 author:
-  - gpufleet.reliability contributors
+  - gpufleet.reliability contributors (@gpufleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:

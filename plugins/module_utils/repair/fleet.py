@@ -14,6 +14,7 @@ Hot spares are nodes of a partition kept drained with a reason that starts with 
 Failure domains come from node features: ``rack_r12`` or ``rack=r12`` means rack r12 (the prefixes are
 configurable).
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
@@ -116,18 +117,20 @@ def build_inputs(
         report = reports.get(name)
         history_text = _history_text(node, history_field)
         if _needs_attention(node, report, history_text):
-            attention.append({
-                "name": name,
-                "partitions": sorted(node_parts),
-                "domains": node_domains,
-                "report": report,
-                "report_time": report_times.get(name),
-                "state": state.upper(),
-                "flags": list(flags),
-                "reason": reason,
-                "reason_user": str(_get(node, "reason_user") or ""),
-                "reason_time": _get(node, "reason_time"),
-                "history": history_text,
-            })
+            attention.append(
+                {
+                    "name": name,
+                    "partitions": sorted(node_parts),
+                    "domains": node_domains,
+                    "report": report,
+                    "report_time": report_times.get(name),
+                    "state": state.upper(),
+                    "flags": list(flags),
+                    "reason": reason,
+                    "reason_user": str(_get(node, "reason_user") or ""),
+                    "reason_time": _get(node, "reason_time"),
+                    "history": history_text,
+                }
+            )
     fleet = {"total": total, "partitions": parts, "domains": doms}
     return fleet, attention, spares

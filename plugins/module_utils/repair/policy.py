@@ -86,9 +86,20 @@ def _counts(d: Any, where: str) -> Counts:
 
 @dataclass
 class Fleet:
+    """Counts per partition (parsed up front: a handful) and per failure domain (parsed when a node that needs
+    attention is in one, so that a fleet of many racks costs nothing)."""
+
     total: int
     partitions: Dict[str, Counts]
-    domains: Dict[str, Dict[str, Counts]]
+    domains: Mapping[str, Mapping[str, Any]]
+    _parsed: Dict[Tuple[str, str], Optional[Counts]] = field(default_factory=dict)
+
+    def domain(self, kind: str, name: str) -> Optional[Counts]:
+        key = (kind, name)
+        if key not in self._parsed:
+            raw = (self.domains.get(kind) or {}).get(name)
+            self._parsed[key] = None if raw is None else _counts(raw, f"fleet.domains.{kind}.{name}")
+        return self._parsed[key]
 
     @classmethod
     def parse(cls, fleet: Any) -> Fleet:
@@ -98,20 +109,18 @@ class Fleet:
         if not isinstance(parts_raw, Mapping):
             raise RepairError("fleet.partitions: expected a mapping of partition name to counts")
         parts = {str(k): _counts(v, f"fleet.partitions.{k}") for k, v in parts_raw.items()}
-        doms: Dict[str, Dict[str, Counts]] = {}
         doms_raw = fleet.get("domains") or {}
         if not isinstance(doms_raw, Mapping):
             raise RepairError("fleet.domains: expected a mapping of domain kind (rack, switch) to domains")
         for kind, members in doms_raw.items():
             if not isinstance(members, Mapping):
                 raise RepairError(f"fleet.domains.{kind}: expected a mapping of domain name to counts")
-            doms[str(kind)] = {str(n): _counts(c, f"fleet.domains.{kind}.{n}") for n, c in members.items()}
         total = fleet.get("total")
         if total is None:
             total = sum(c.total for c in parts.values())
         if isinstance(total, bool) or not isinstance(total, int) or total < 0:
             raise RepairError(f"fleet.total: expected an integer >= 0, got {total!r}")
-        return cls(total, parts, doms)
+        return cls(total, parts, doms_raw)
 
 
 @dataclass
@@ -241,9 +250,11 @@ class _Ctx:
             if c is not None:
                 yield ("partition", p), c, self.config.max_unavailable
         for kind, dom in node.domains.items():
-            c = self.fleet.domains.get(kind, {}).get(dom)
             limit = self.config.domain_limits.get(kind)
-            if c is not None and limit is not None:
+            if limit is None:
+                continue
+            c = self.fleet.domain(kind, dom)
+            if c is not None:
                 yield (kind, dom), c, limit
 
     def limit(self, counts: Counts, limit) -> int:
@@ -485,8 +496,12 @@ def _decide(
                 verify=True,
                 **_inc_kw(inc),
             )
-        elif (actionable and pending.action not in _LONG_STEPS and n.report_time is not None
-              and n.report_time > pending.started):
+        elif (
+            actionable
+            and pending.action not in _LONG_STEPS
+            and n.report_time is not None
+            and n.report_time > pending.started
+        ):
             hist.finish("failed")
         elif now >= done_by:
             hist.finish("timeout")
