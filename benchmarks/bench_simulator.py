@@ -48,9 +48,10 @@ def timed(sc, label, engine_only=False):
     t = time.perf_counter()
     r = run_one(sc, POL, 1, brain)
     dt = time.perf_counter() - t
+    c = brain.calls
     print(f"{label}: {dt:.2f} s wall, {r['interruptions']:,} interruptions, {r['events']:,} fault draws, "
-          f"{brain.calls['plan']:,} repair.plan() calls, {brain.calls['judge']} judge() calls "
-          f"(+{brain.calls['judge_cached']:,} cached)")
+          f"{c['plan']:,} real repair.plan() calls + {c.get('plan_cached', 0):,} exact cache hits "
+          f"({c.get('plan_verified', 0):,} re-verified), {c['judge']} judge() calls (+{c['judge_cached']:,} cached)")
     return dt, r, brain
 
 
@@ -61,12 +62,15 @@ def main():
     raw = scn.load(val.SCENARIOS / "default-1k.yaml")["raw"]
     big = scn.validate(scn.override(raw, {"cluster.nodes": 12500, "jobs[0].nodes": 12000, "horizon_days": 365}))
     timed(big, "100,000 GPUs x 365 days (12,500 nodes, default-1k fault mix)", engine_only=True)
-    tracemalloc.start()
     timed(big, "100,000 GPUs x 365 days (12,500 nodes, default-1k fault mix)")
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"max RSS of this process after the 100,000-GPU run: {rss:.0f} MiB")
+    small = scn.validate(scn.override(raw, {"cluster.nodes": 12500, "jobs[0].nodes": 12000, "horizon_days": 30}))
+    tracemalloc.start()
+    run_one(small, POL, 1, default_brain(small))
     _cur, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"peak traced memory {peak / 2**20:.1f} MiB; max RSS {rss:.0f} MiB")
+    print(f"peak Python heap (tracemalloc) of a 100,000-GPU x 30-day run: {peak / 2**20:.1f} MiB")
     print("cost vs events (RSC-1 rate, 2,048-node job, growing horizon):")
     base = scn.load(val.SCENARIOS / "rsc1-scaling.yaml")["raw"]
     for days in (10, 20, 40, 80):

@@ -8,22 +8,79 @@ record (state, reason, report, compact history text), the fleet's counts <-> ``f
 
 judge() results are cached per symptom pattern: a fault class always emits the same lines, so the verdict is the
 same, and the cache keeps 100,000-GPU runs fast.
+
+repair.plan() answers are cached too, exactly: the policy is a pure function of (history, report, node state,
+fleet counts, config, now) (repair/history.py says so) and depends on time only through differences, so a call is
+keyed with every time made relative to ``now`` (the history text is shifted with the brain's own loads/dumps) and
+the node's name replaced by a placeholder. Times reach the brain on a one-minute grid, as a repair run would see
+them. A miss calls the real plan() on the real inputs; a hit translates the stored answer back. Every
+``verify_every``-th hit is recomputed with the real plan() and compared field by field: a difference raises (tests
+run with verify_every=1).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils import health as _health
 from ansible_collections.gpufleet.reliability.plugins.module_utils import repair as _repair
 
-EPOCH0 = 1_767_571_200.0  # Monday 2026-01-05 00:00 UTC: simulated hour 0
+EPOCH0 = 1_767_571_200  # Monday 2026-01-05 00:00 UTC: simulated hour 0
 PARTITION = "gpu"
+HISTORY_VERSION = 1  # repair/history.py VERSION this translation knows
+CANON = 1_000_000_000  # the 'now' of a cached (time-translated) decision
+GRID_S = 60  # times reach the brain on a one-minute grid
+
+
+class CachedDecision:
+    """What the engine reads from a Decision, rebuilt from the cache (times translated back)."""
+
+    __slots__ = ("node", "action", "rule", "earliest", "needs_approval", "approved", "code", "incident",
+                 "history", "history_after")
+
+    def __init__(self, node, action, rule, earliest, needs_approval, approved, code, incident, history,
+                 history_after):
+        self.node, self.action, self.rule, self.earliest = node, action, rule, earliest
+        self.needs_approval, self.approved, self.code, self.incident = needs_approval, approved, code, incident
+        self.history, self.history_after = history, history_after
+
+    @property
+    def approval_key(self):
+        return (self.node, self.action, self.incident or "-")
+
+
+def shift_history(text, delta: int):
+    """The same history text with every time moved by ``delta`` seconds.
+
+    Works on the stored form documented in repair/history.py (one line of JSON, sorted keys: ``i.t``, ``i.s[][1]``,
+    ``i.e``, ``r`` and ``p`` entries, ``cd`` are times) with the stdlib json module, which is ten times cheaper
+    than a full parse; the cache's verification compares the result with the real plan() output byte for byte.
+    """
+    if text is None or not str(text).strip():
+        return text
+    d = json.loads(text)
+    if not isinstance(d, dict) or d.get("gf") != HISTORY_VERSION:
+        raise ValueError(f"history text in an unknown format, cannot translate it: {text!r}")
+    i = d.get("i")
+    if i is not None:
+        i["t"] += delta
+        for st in i.get("s", ()):
+            st[1] += delta
+        if i.get("e") is not None:
+            i["e"] += delta
+    if d.get("r"):
+        d["r"] = ",".join(e[0] + str(int(e[1:]) + delta) for e in d["r"].split(","))
+    if d.get("p"):
+        d["p"] = ",".join(e[:2] + str(int(e[2:]) + delta) for e in d["p"].split(","))
+    if d.get("cd") is not None:
+        d["cd"] += delta
+    return json.dumps(d, separators=(",", ":"), sort_keys=True)
 
 
 class CollectionBrain:
     def __init__(self, health_config: dict | None = None, repair_config: dict | None = None,
-                 mode: str = "automatic"):
+                 mode: str = "automatic", cache: bool = True, verify_every: int = 97):
         self.health_config = dict(health_config or {})
         cfg = dict(repair_config or {})
         if mode == "approval":
@@ -32,8 +89,11 @@ class CollectionBrain:
             cfg["modes"] = modes
         self.repair_config = _repair.RepairConfig.from_dict(cfg)
         self._judged: dict[tuple, dict] = {}
-        self.calls = {"judge": 0, "judge_cached": 0, "plan": 0}
+        self.calls = {"judge": 0, "judge_cached": 0, "plan": 0, "plan_cached": 0, "plan_verified": 0}
         self._healthy = None
+        self.cache = cache
+        self.verify_every = verify_every
+        self._plans: dict = {}
 
     # --- health rules --------------------------------------------------------------------------------------------
     def judge(self, lines: tuple) -> dict:
@@ -58,19 +118,55 @@ class CollectionBrain:
     # --- repair policy -------------------------------------------------------------------------------------------
     def plan_node(self, record: dict, fleet: dict, now_h: float, approvals=(), breaker=None) -> Any:
         """One Decision for one node (the fleet comes in as counts, as in a real repair run)."""
+        now = to_epoch(now_h)
+        if not self.cache or breaker is not None:
+            return self._plan(record, fleet, now, approvals, breaker)
+        delta = CANON - now
+        name = record["name"]
+        rel = lambda t: None if t is None else t + delta  # noqa: E731
+        key = (record["state"], record.get("reason"), record.get("reason_user"), rel(record.get("reason_time")),
+               id(record.get("report")), rel(record.get("report_time")), shift_history(record.get("history"), delta),
+               _fleet_key(fleet), frozenset((a, i) for n, a, i in approvals if n == name))
+        hit = self._plans.get(key)
+        if hit is None:
+            d = self._plan(record, fleet, now, approvals, breaker)
+            self._plans[key] = (d.action, d.rule, d.earliest - now, d.needs_approval, d.approved, d.code, d.incident,
+                                shift_history(d.history, delta), shift_history(d.history_after, delta))
+            return d
+        self.calls["plan_cached"] += 1
+        a, rule, e_rel, na, ap, code, inc, h, ha = hit
+        d = CachedDecision(name, a, rule, now + e_rel, na, ap, code, inc, shift_history(h, -delta),
+                           shift_history(ha, -delta))
+        if self.verify_every and self.calls["plan_cached"] % self.verify_every == 0:
+            self.calls["plan_verified"] += 1
+            real = self._plan(record, fleet, now, approvals, breaker)
+            for f in CachedDecision.__slots__:
+                if f != "node" and getattr(real, f) != getattr(d, f):
+                    raise RuntimeError(f"repair.plan cache diverged on {f}: real {getattr(real, f)!r}, "
+                                       f"cached {getattr(d, f)!r} (record {record!r})")
+        return d
+
+    def _plan(self, record, fleet, now, approvals, breaker):
         self.calls["plan"] += 1
-        p = _repair.plan(fleet, [record], self.repair_config, to_epoch(now_h), approvals=approvals,
-                         breaker=breaker)
+        p = _repair.plan(fleet, [record], self.repair_config, now, approvals=approvals, breaker=breaker)
         return p[0]
 
 
-def to_epoch(h: float) -> float:
-    return EPOCH0 + h * 3600.0
+def _fleet_key(fleet: dict) -> tuple:
+    part = fleet["partitions"][PARTITION]
+    (_rack, rc), = fleet["domains"]["rack"].items()
+    return (fleet["total"], part["total"], part["available"], part["unavailable"], part.get("spares_idle", 0),
+            rc["total"], rc["available"], rc["unavailable"])
+
+
+def to_epoch(h: float) -> int:
+    """Simulated hours -> epoch seconds on the brain's one-minute grid."""
+    return EPOCH0 + int(round(h * 60.0)) * GRID_S
 
 
 def to_hours(epoch: float) -> float:
     return (epoch - EPOCH0) / 3600.0
 
 
-def default_brain(sc: dict, mode: str = "automatic") -> CollectionBrain:
-    return CollectionBrain(sc.get("health_config"), sc.get("repair_config"), mode=mode)
+def default_brain(sc: dict, mode: str = "automatic", **kw) -> CollectionBrain:
+    return CollectionBrain(sc.get("health_config"), sc.get("repair_config"), mode=mode, **kw)

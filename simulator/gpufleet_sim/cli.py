@@ -64,13 +64,13 @@ def cmd_run(args) -> int:
 
 
 def _sweep_point(job):
-    raw, assign, policy, seeds = job
+    raw, assign, policy, seeds, value = job
     from .runner import run_one
 
     sc = scn.validate(scn.override(raw, assign))
     pol = resolve(policy) if isinstance(policy, str) else policy
     rows = [run_one(sc, pol, s) for s in range(1, seeds + 1)]
-    return {"assign": assign, "ettr": mean_ci([r["ettr"] for r in rows]),
+    return {"assign": assign, "value": value, "ettr": mean_ci([r["ettr"] for r in rows]),
             "lost_gpu_hours": mean_ci([r["lost_gpu_hours"] for r in rows]),
             "cost_usd": mean_ci([r["cost_usd"] for r in rows])}
 
@@ -98,7 +98,7 @@ def cmd_sweep(args) -> int:
         assign = {param: v}
         if param.endswith("approval_delay_min") and isinstance(v, (int, float)) and v == 0:
             assign = {param: {"dist": "fixed", "value": 0}}
-        jobs.append((sc["raw"], assign, policy, seeds))
+        jobs.append((sc["raw"], assign, policy, seeds, v))
     if args.task is not None:  # one point, inside a Slurm array task
         res = _sweep_point(jobs[args.task])
         Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -117,10 +117,10 @@ def _sweep_report(args, param, results) -> int:
     best = max(results, key=lambda r: r["ettr"]["mean"])
     out = {"param": param, "points": results, "best": best}
     for r in results:
-        v = list(r["assign"].values())[0]
+        v = r["value"]
         print(f"{param} = {json.dumps(v)}: ETTR {r['ettr']['mean'] * 100:.2f} %, lost GPU-h "
               f"{r['lost_gpu_hours']['mean']:,.0f}, cost ${r['cost_usd']['mean']:,.0f}")
-    print(f"best: {param} = {json.dumps(list(best['assign'].values())[0])}")
+    print(f"best: {param} = {json.dumps(best['value'])}")
     if args.json:
         data = json.dumps(out, indent=2, default=float)
         if args.json == "-":

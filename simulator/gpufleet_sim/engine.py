@@ -761,11 +761,11 @@ class Sim:
         """The fleet as the repair brain takes it: counts per partition and failure domain, no node lists."""
         r = n // self.rack
         rack_total = min(self.rack, self.N - r * self.rack)
-        hot = self.policy["spares"] == "hot"
+        # one idle spare is all a one-node plan can take (the engine places spares itself)
+        hot = 1 if self.policy["spares"] == "hot" and self.idle else 0
         return {"total": self.N,
                 "partitions": {PARTITION: {"total": self.N, "available": self.N - self.out_count,
-                                           "unavailable": self.out_count,
-                                           "spares_idle": len(self.idle) if hot else 0}},
+                                           "unavailable": self.out_count, "spares_idle": hot}},
                 "domains": {"rack": {f"r{r}": {"total": rack_total,
                                                "available": rack_total - self.rack_out.get(r, 0),
                                                "unavailable": self.rack_out.get(r, 0)}}}}

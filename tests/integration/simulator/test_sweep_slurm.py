@@ -33,7 +33,7 @@ def test_sweep_runs_as_a_job_array_on_the_lab(lab, tmp_path):
     logs = list(out.glob("slurm-*_*.out"))
     assert len(logs) == 3, logs
     res = json.loads(res_json.read_text())
-    assert [p["assign"]["jobs[0].nodes"] for p in res["points"]] == [64, 128, 256]
+    assert [p["value"] for p in res["points"]] == [64, 128, 256]
     # a smaller synchronous job fails less often: its ETTR is the best
     assert res["best"]["assign"] == {"jobs[0].nodes": 64}
     assert "best: jobs[0].nodes = 64" in proc.stdout

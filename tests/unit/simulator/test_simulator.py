@@ -76,3 +76,20 @@ def test_seeds_reproducible():
     a = run_one(sc, resolve("together-approval"), 7)
     b = run_one(sc, resolve("together-approval"), 7)
     assert a["ettr"] == b["ettr"] and a["interruptions"] == b["interruptions"]
+
+
+def test_plan_cache_is_exact():
+    """The time-translated repair.plan cache gives the same runs as calling the real plan() every time."""
+    from gpufleet_sim.brain import default_brain
+
+    sc = scn.load(val.SCENARIOS / "default-1k.yaml")
+    for name in ("reactive-manual", "passive+auto-repair+hot-spares", "together-approval"):
+        pol = resolve(name)
+        mode = "approval" if pol["repair"] == "approval" else "automatic"
+        for seed in (1, 2):
+            checked = default_brain(sc, mode, verify_every=1)  # every hit recomputed and compared
+            plain = default_brain(sc, mode, cache=False)
+            a = run_one(sc, pol, seed, checked)
+            b = run_one(sc, pol, seed, plain)
+            assert a == b
+            assert checked.calls["plan_cached"] > 0 and checked.calls["plan_verified"] == checked.calls["plan_cached"]
