@@ -209,10 +209,18 @@ class JWKSCache:
                 self.state = disk
                 return disk
             st = disk or st
+            usable = st is not None and now - st.get("jwks_fetched_at", 0) <= self.jwks_ttl + self.max_stale
+            if usable and not force and now - st.get("refresh_attempt_at", 0) < self.min_refresh_interval:
+                # stale, but a refresh was tried moments ago (IdP down?): do not make every login wait on it
+                self.state = st
+                return st
+            if st is not None:
+                st = dict(st, refresh_attempt_at=now)
+                self._save(st)
             try:
                 new = self._fetch_all(st)
             except IdPUnavailable as e:
-                if st is not None and now - st.get("jwks_fetched_at", 0) <= self.jwks_ttl + self.max_stale:
+                if usable:
                     self.log(f"IdP unreachable ({e.reason}); using cached keys from "
                              f"{int(now - st.get('jwks_fetched_at', 0))} s ago")
                     self.state = st

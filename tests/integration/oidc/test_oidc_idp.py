@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import AUD, PREFIX, approve, approve_later, real_token, write_config
 from oidc_forge import claims_for, make_private_jwks, sign
+from oidclab import AUD, PREFIX, approve, approve_later, real_token, write_config
 
 pytestmark = pytest.mark.idp
 CLI = str(Path(sys.prefix) / "bin" / "gpufleet-oidc")

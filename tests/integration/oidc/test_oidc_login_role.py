@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import AUD, PREFIX, REPO, SITE, USERS, _run, free_port, real_token, ssh_login
+from oidclab import AUD, PLAYBOOK, PREFIX, REPO, SITE, USERS, _run, free_port, real_token, ssh_login
 
 pytestmark = pytest.mark.idp
 ALICE = f"{PREFIX}alice"
-PLAYBOOK = Path(sys.prefix) / "bin" / "ansible-playbook"
 
 
 def apply(root: Path, extra: dict) -> subprocess.CompletedProcess:

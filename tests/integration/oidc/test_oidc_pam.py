@@ -5,8 +5,8 @@ import json
 import re
 
 import pytest
-from conftest import AUD, PREFIX, approve, pamtester, real_token, write_config
 from oidc_forge import claims_for, sign
+from oidclab import AUD, PREFIX, approve, pamtester, real_token, write_config
 
 pytestmark = pytest.mark.idp
 ALICE, BOB, CAROL, DAVE = (f"{PREFIX}{n}" for n in ("alice", "bob", "carol", "dave"))

@@ -17,9 +17,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import PREFIX, REPO, real_token
 from oidc_forge import claims_for, make_private_jwks, sign
-from test_oidc_login_role import PLAYBOOK
+from oidclab import PLAYBOOK, PREFIX, REPO, real_token
 
 pytestmark = [pytest.mark.idp, pytest.mark.lab]
 ALICE, DAVE = f"{PREFIX}alice", f"{PREFIX}dave"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import PREFIX, approve, real_token, ssh_login, write_config
+from oidclab import PREFIX, approve, real_token, ssh_login, write_config
 
 pytestmark = pytest.mark.idp
 ALICE, BOB, DAVE = (f"{PREFIX}{n}" for n in ("alice", "bob", "dave"))

@@ -112,3 +112,18 @@ def test_slurm_normalisation(private_jwks):
     out = normalise_jwks_for_slurm(pub)
     assert [k["kid"] for k in out["keys"]] == ["rs-1"]
     assert out["keys"][0]["alg"] == "RS256" and "x5c" not in out["keys"][0]
+
+
+def test_outage_one_attempt_per_interval(seeded):
+    """While the IdP is down, only the first login after min_refresh_interval waits on a refresh attempt."""
+    cfg, cache = seeded(jwks_ttl=60, max_stale=3600, min_refresh_interval=30)
+    t0 = cache.state["jwks_fetched_at"]
+    first = JWKSCache.from_config(cfg)
+    first.clock = lambda: t0 + 600
+    assert first.find_key("rs-1", "RS256") and first.fetches == 1
+    second = JWKSCache.from_config(cfg)
+    second.clock = lambda: t0 + 610  # 10 s later: the attempt stamped in the shared file is recent
+    assert second.find_key("rs-1", "RS256") and second.fetches == 0
+    third = JWKSCache.from_config(cfg)
+    third.clock = lambda: t0 + 640
+    assert third.find_key("rs-1", "RS256") and third.fetches == 1
