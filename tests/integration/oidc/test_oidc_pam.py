@@ -83,11 +83,19 @@ def test_token_mode(svc, pam_env, module_idp, tmp_path):
         assert reason in pam_env.log_text()
 
 
-def test_token_mode_idp_down_no_cache_is_authinfo_unavail(pam_env, idp_factory, tmp_path):
+def test_token_mode_idp_down_with_and_without_cache(pam_env, idp_factory, tmp_path):
     idp = idp_factory(name="downidp")
     at = real_token(idp.issuer, ALICE, tmp_path)
-    cfg = write_config(tmp_path / "down.yml", idp.issuer, tmp_path / "emptycache")
-    service = pam_env.service(cfg, "token")
+    service = pam_env.service(write_config(tmp_path / "down.yml", idp.issuer, tmp_path / "pamcache"), "token")
+    rc, out = pamtester(service, ALICE, lambda p: at)
+    assert rc == 0 and OK in out, out + pam_env.log_text()  # fills the cache
     idp.stop()
     rc, out = pamtester(service, ALICE, lambda p: at)
+    assert rc == 0 and OK in out, out + pam_env.log_text()  # IdP down, cached keys
+    empty = pam_env.service(write_config(tmp_path / "empty.yml", idp.issuer, tmp_path / "emptycache"), "token")
+    rc, out = pamtester(empty, ALICE, lambda p: at)
+    assert rc != 0 and "Authentication service cannot retrieve authentication info" in out, out
+    assert "no usable signing keys" in pam_env.log_text()
+    device = pam_env.service(write_config(tmp_path / "dev.yml", idp.issuer, tmp_path / "emptycache"), "device")
+    rc, out = pamtester(device, ALICE, lambda p: "")
     assert rc != 0 and "Authentication service cannot retrieve authentication info" in out, out

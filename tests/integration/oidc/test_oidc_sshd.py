@@ -15,11 +15,11 @@ def _svc(pam_env, module_idp, tmp_path, mode):
     return pam_env.service(cfg, mode, account_stack="pam_unix.so")
 
 
-def _device_answer(approver):
+def _device_answer(approver, deny=False):
     def answer(prompt):
         m = re.search(r"open (\S+)", prompt)
         assert m, prompt
-        approve(m.group(1), approver)
+        approve(m.group(1), approver, deny=deny)
         return ""
 
     return answer
@@ -32,6 +32,10 @@ def test_sshd_device_login(pam_env, module_idp, tmp_path, sshd_factory):
     assert "Accepted keyboard-interactive/pam for " + ALICE in sshd.log.read_text()
     rc, out = ssh_login(sshd.port, BOB, _device_answer(BOB))
     assert rc != 0 and "not in any allowed group" in pam_env.log_text()
+    rc, out = ssh_login(sshd.port, ALICE, _device_answer(ALICE, deny=True))
+    assert rc != 0 and "denied by the user" in pam_env.log_text()
+    assert "Failed keyboard-interactive/pam for " + ALICE in sshd.log.read_text() or \
+        "PAM: Authentication failure for " + ALICE in sshd.log.read_text()
 
 
 def test_sshd_token_login_and_client_limit(pam_env, module_idp, tmp_path, sshd_factory):
