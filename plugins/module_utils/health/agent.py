@@ -63,6 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--config", metavar="FILE", help="rules config (JSON, or YAML when PyYAML is there)")
     c.add_argument("--state-file", metavar="FILE", help="state carried between runs (rates, sticky events)")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
+    c.add_argument("--report-file", metavar="FILE", help="also write the JSON report there (atomically)")
     c.add_argument("--slurm", action="store_true", help="drain this node when unhealthy (never resumes)")
     c.add_argument("--node", metavar="NAME", help="Slurm node name (default: $SLURMD_NODENAME or the hostname)")
     c.add_argument("--textfile", metavar="DIR", help="write Prometheus metrics for node_exporter's textfile dir")
@@ -366,14 +367,19 @@ def check(args) -> int:
             write_textfile(args.textfile, prometheus_text(report, snap, duration, name, slurm))
         except OSError as exc:
             notes.append(f"textfile not written: {args.textfile}: {exc.strerror or exc}")
+    d = report.to_dict()
+    d.update({"node": name, "checked_at": report.checked_at, "catalog_version": CATALOG_VERSION,
+              "probe": {"source": snap.source, "status": snap.probe_status, "error": snap.probe_error,
+                        "gpus": len(snap.gpus)},
+              "notes": notes})
+    if slurm is not None:
+        d["slurm"] = slurm
+    if args.report_file:
+        try:
+            atomic_write(args.report_file, json.dumps(d, indent=1) + "\n", mode=0o644)
+        except OSError as exc:
+            notes.append(f"report not written: {args.report_file}: {exc.strerror or exc}")
     if args.json:
-        d = report.to_dict()
-        d.update({"node": name, "checked_at": report.checked_at, "catalog_version": CATALOG_VERSION,
-                  "probe": {"source": snap.source, "status": snap.probe_status, "error": snap.probe_error,
-                            "gpus": len(snap.gpus)},
-                  "notes": notes})
-        if slurm is not None:
-            d["slurm"] = slurm
         sys.stdout.write(json.dumps(d, indent=1) + "\n")
     else:
         sys.stdout.write(table(report, name, notes, slurm) + "\n")

@@ -100,6 +100,7 @@ def test_role_twice_unchanged_and_agent_runs(tmp_path, monkeypatch):
     check = subprocess.run(["promtool", "check", "metrics"], stdin=prom.open("rb"), capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     assert json.loads((root / "var/lib/gpufleet/health/state.json").read_text())["version"] == 1
+    assert json.loads((root / "var/lib/gpufleet/health/report.json").read_text())["code"] == "gpu_lost"
     # a healthy fake node: exit 0
     fake.write_text("{}")
     assert subprocess.run([str(hc), "--fake-nvml", str(fake)], env={}, capture_output=True, timeout=120

@@ -118,6 +118,16 @@ def test_record_and_replay(capsys, tmp_path):
         assert any(x["code"] == "xid63" and x["gpu"] == 3 for x in d2["findings"])
 
 
+def test_report_file(capsys, tmp_path):
+    f = tmp_path / "fake.json"
+    f.write_text(json.dumps({"devices": [{"index": 1, "recovery_action": 2}]}))
+    out = tmp_path / "reports" / "node1.json"
+    rc, stdout, _ = run_main(capsys, "--fake-nvml", str(f), "--kmsg", "-", "--report-file", str(out), "--node", "n1")
+    d = json.loads(out.read_text())
+    assert rc == 2 and (d["code"], d["gpu"], d["action"], d["node"]) == ("recovery_action", 1, "reboot", "n1")
+    assert "SEVERITY" in stdout  # the table still goes to stdout
+
+
 def test_state_file_carries_rates(capsys, tmp_path):
     state = tmp_path / "state.json"
     f = tmp_path / "fake.json"
