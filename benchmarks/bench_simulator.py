@@ -71,13 +71,24 @@ def main():
     _cur, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     print(f"peak Python heap (tracemalloc) of a 100,000-GPU x 30-day run: {peak / 2**20:.1f} MiB")
-    print("cost vs events (RSC-1 rate, 2,048-node job, growing horizon):")
+    print("cost vs number of events (RSC-1 rate, 2,048-node job, growing horizon; best of 3 runs each):")
     base = scn.load(val.SCENARIOS / "rsc1-scaling.yaml")["raw"]
-    for days in (10, 20, 40, 80):
-        sc = scn.validate(scn.override(base, {"jobs[0].nodes": 2048, "cluster.nodes": 2304, "horizon_days": days}))
-        dt, r, b = timed(sc, f"  {days:>3} days")
-        ev = r["events"] + b.calls["plan"]
-        print(f"      {1e6 * dt / max(1, ev):.0f} us per event (fault draws + plan calls = {ev:,})")
+    for engine_only in (False, True):
+        print("  with the real brain (cached)" if not engine_only else "  engine only")
+        for days in (20, 40, 80, 160):
+            sc = scn.validate(scn.override(base, {"jobs[0].nodes": 2048, "cluster.nodes": 2304, "horizon_days": days}))
+            best = None
+            for _ in range(3):
+                brain = default_brain(sc)
+                if engine_only:
+                    brain = _EngineOnly(brain)
+                t = time.perf_counter()
+                r = run_one(sc, POL, 1, brain)
+                dt = time.perf_counter() - t
+                best = dt if best is None else min(best, dt)
+            ev = r["events"] + brain.calls["plan"] + brain.calls.get("plan_cached", 0)
+            print(f"    {days:>4} days: {ev:>6,} events (fault draws + repair decisions), {best:.3f} s, "
+                  f"{1e6 * best / ev:.0f} us per event")
     sys.stdout.flush()
 
 

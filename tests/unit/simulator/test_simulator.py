@@ -93,3 +93,25 @@ def test_plan_cache_is_exact():
             b = run_one(sc, pol, seed, plain)
             assert a == b
             assert checked.calls["plan_cached"] > 0 and checked.calls["plan_verified"] == checked.calls["plan_cached"]
+
+
+def test_user_policy_yaml_and_rack_outage(tmp_path):
+    pfile = tmp_path / "mine.yaml"
+    pfile.write_text("name: slow-approval\nbase: together-approval\napproval_delay_min: 240\nspares: cold\n")
+    r = subprocess.run([sys.executable, "-m", "gpufleet_sim.cli", "run", str(val.SCENARIOS / "default-1k.yaml"),
+                        "--seeds", "2", "--policy", str(pfile), "--json", "-"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    pol = json.loads(r.stdout)["policies"]["slow-approval"]
+    assert pol["knobs"] == {"detection": "passive", "repair": "approval", "spares": "cold", "identify": "auto"}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nspares: lukewarm\n")
+    r = subprocess.run([sys.executable, "-m", "gpufleet_sim.cli", "run", str(val.SCENARIOS / "default-1k.yaml"),
+                        "--policy", str(bad)], capture_output=True, text=True)
+    assert r.returncode == 2 and "spares: expected one of ['none', 'cold', 'hot']" in r.stderr
+    # a rack (ToR switch) outage interrupts the job once and takes all the rack's job nodes out
+    sc = scn.load(val.SCENARIOS / "default-1k.yaml")
+    raw = scn.override(sc["raw"], {"faults": [f for f in sc["raw"]["faults"] if f["name"] == "tor_switch"]})
+    raw["faults"][0]["rate_per_1000_node_days"] = 20.0
+    res = run_one(scn.validate(raw), resolve("passive+auto-repair+hot-spares"), 3)
+    assert res["interruptions"] == res["interruptions_by_class"]["tor_switch"] > 0
+    assert res["lost_gpu_hours_by_cause"]["waiting"] > 0  # 16 nodes out at once, 9 spares: the job waits
