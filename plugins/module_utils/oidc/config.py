@@ -101,6 +101,7 @@ class OIDCConfig:
     device_timeout: int = 120
     validate_token: str = "access_token"
     log_file: Optional[str] = None
+    proxy: Optional[str] = None
 
 
 _REQUIRED = ("issuer", "audience", "username_claim", "groups_claim", "allowed_groups", "jwks_cache_dir")
@@ -221,6 +222,11 @@ def parse_config(data: Any) -> OIDCConfig:
                                               for a, b in m.items()):
             raise ConfigError("user_map", "expected a mapping of IdP user name -> local user name (strings)")
         kw["user_map"] = dict(m)
+    if data.get("proxy") is not None:
+        v = _str("proxy", data["proxy"])
+        if not re.match(r"^https?://[^\s/]+(:\d+)?/?$", v):
+            raise ConfigError("proxy", f"expected http://host:port, got {v!r}")
+        kw["proxy"] = v
     if data.get("jwks_uri") is not None:
         kw["jwks_uri"] = _url("jwks_uri", data["jwks_uri"])
     for k in ("client_id", "client_secret", "resource", "log_file"):

@@ -7,6 +7,7 @@ import os
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from . import transport
 from .config import OIDCConfig
 from .device import DeviceGrant
 from .jwks import JWKSCache
@@ -39,6 +40,7 @@ class Authenticator:
     def __init__(self, cfg: OIDCConfig, log: Optional[Logger] = None):
         self.cfg = cfg
         self.log = log or file_logger(cfg.log_file)
+        transport.configure(cfg.proxy)
         self.keys = JWKSCache.from_config(cfg, log=self.log)
         self.validator = TokenValidator(cfg, self.keys, log=self.log)
 

@@ -33,10 +33,15 @@ def parse_args(argv: List[str]) -> Dict[str, str]:
     return out
 
 
+def _printable(text: Any, limit: int = 300) -> str:
+    """IdP-supplied text goes into the user's terminal: no control characters, bounded length."""
+    return "".join(c for c in str(text) if c.isprintable() and c not in "\x1b")[:limit]
+
+
 def device_prompt(user: str, grant: Dict[str, Any]) -> str:
-    url = grant.get("verification_uri_complete") or grant["verification_uri"]
+    url = _printable(grant.get("verification_uri_complete") or grant["verification_uri"])
     return (f"To log in as {user}, open {url}\n"
-            f"and confirm the code {grant['user_code']}.\n"
+            f"and confirm the code {_printable(grant['user_code'], 40)}.\n"
             "Press Enter here after you have approved: ")
 
 

@@ -52,6 +52,14 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 _OPENER = urllib.request.build_opener(_NoRedirect, urllib.request.ProxyHandler({}))
 
 
+def configure(proxy: Optional[str] = None) -> None:
+    """Use ``proxy`` (http://host:port) for IdP requests. Environment proxies are never used: sshd scrubs the
+    environment, and a login must not depend on whoever started the process."""
+    global _OPENER
+    handler = urllib.request.ProxyHandler({"http": proxy, "https": proxy} if proxy else {})
+    _OPENER = urllib.request.build_opener(_NoRedirect, handler)
+
+
 def request(method: str, url: str, data: Optional[bytes] = None, headers: Optional[Dict[str, str]] = None,
             timeout: float = 5.0) -> Response:
     """One HTTP request. Network failures raise :class:`IdPUnavailable`; HTTP errors return a Response."""

@@ -8,7 +8,7 @@ import stat
 
 import pytest
 import yaml
-from oidc_forge import AUD, ISSUER, claims_for, public_jwks, sign
+from oidc_forge import AUD, ISSUER, claims_for, make_private_jwks, public_jwks, sign
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc import cli
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.errors import ConfigError, IdPUnavailable
@@ -127,3 +127,34 @@ def test_outage_one_attempt_per_interval(seeded):
     third = JWKSCache.from_config(cfg)
     third.clock = lambda: t0 + 640
     assert third.find_key("rs-1", "RS256") and third.fetches == 1
+
+
+def test_discovered_plain_http_jwks_uri_refused(make_cfg, private_jwks):
+    cfg = make_cfg(min_refresh_interval=0)
+    lines = []
+    cache = JWKSCache.from_config(cfg, log=lines.append)
+    cache.seed(public_jwks(private_jwks), metadata={"issuer": ISSUER, "jwks_uri": "http://idp.example.com/jwks"})
+    with pytest.raises(Exception, match="unknown signing key"):
+        from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.validator import TokenValidator
+
+        TokenValidator(cfg, cache).validate(sign(make_private_jwks(2), claims_for(ISSUER, AUD), "rs-2"))
+    assert any("is not https" in line for line in lines), lines
+    assert cache.fetches == 0
+
+
+def test_device_prompt_strips_control_characters():
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.pam import device_prompt
+
+    p = device_prompt("alice", {"verification_uri": "https://idp/device\x1b[2J\rfake: ", "user_code": "AB\x07CD"})
+    assert "\x1b" not in p and "\r" not in p and "\x07" not in p
+    assert p.startswith("To log in as alice, open https://idp/device[2Jfake: ") and "code ABCD." in p
+    assert p.endswith("Press Enter here after you have approved: ")
+
+
+def test_proxy_setting_validated(base_conf):
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.config import parse_config
+
+    assert parse_config(dict(base_conf, proxy="http://proxy.corp:3128")).proxy == "http://proxy.corp:3128"
+    with pytest.raises(ConfigError) as ei:
+        parse_config(dict(base_conf, proxy="proxy.corp:3128"))
+    assert ei.value.key == "proxy"
