@@ -175,6 +175,8 @@ def plots(res: dict, out: Path) -> list[Path]:
                          label="hatched: drained at a checkpoint on a warning (no crash, no lost work)"))
     ax.set_xticks([k + 0.4 - width / 2 for k in range(len(classes))], [c.replace("_", " ") for c in classes],
                   rotation=20, ha="right", fontsize=9)
+    top = max((pol[n]["interruptions_by_class"][c]["mean"] for n in names for c in classes), default=1.0)
+    ax.set_ylim(0, top * 1.35 + 0.1)  # room for the legend above the tallest bar
     ax.set_ylabel("job interruptions per run (mean)")
     ax.set_title("Job interruptions by fault class: crashes (solid) and proactive drains (hatched)")
     ax.legend(handles=handles, fontsize=8)
