@@ -1,0 +1,84 @@
+"""repair_step against the real Slurm lab: never touches what is not ours, idempotent, check mode changes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def step(args, check=False):
+    argv = [str(Path(sys.executable).parent / "ansible"), "localhost", "-m", "gpufleet.reliability.repair_step",
+            "-a", json.dumps(args), "-o"]
+    if check:
+        argv.append("--check")
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"), ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+               ANSIBLE_PYTHON_INTERPRETER=sys.executable, ANSIBLE_LOCALHOST_WARNING="False",
+               ANSIBLE_INVENTORY_UNPARSED_WARNING="False")
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    line = proc.stdout.strip().splitlines()[-1]
+    status, _, payload = line.partition(" => ")
+    return "FAILED" not in status, json.loads(payload)
+
+
+def extra(lab, node):
+    for line in lab.run("scontrol", "show", "node", node).stdout.splitlines():
+        if line.strip().startswith("Extra="):
+            return line.strip()[len("Extra="):]
+    return ""
+
+
+def test_foreign_nodes_are_never_touched(lab):
+    n = lab.nodes[0]
+    lab.run("scontrol", "update", f"NodeName={n}", "State=DRAIN", "Reason=maintenance: psu")
+    for args in ({"op": "resume"}, {"op": "drain", "reason": "gpufleet: xid48 gpu3"},
+                 {"op": "escalate", "reason": "gpufleet: escalated"}, {"op": "spare_in"}):
+        ok, res = step(dict(args, node=n))
+        assert not ok, (args, res)
+    assert lab.node_states()[n] == ("drained", "maintenance: psu")
+    m = lab.nodes[1]
+    lab.run("scontrol", "update", f"NodeName={m}", "Extra=rack 12 slot 3")
+    try:
+        ok, res = step({"node": m, "op": "record", "history": '{"gf":1,"n":1}'})
+        assert not ok and "not a gpufleet history" in res["msg"]
+        assert extra(lab, m) == "rack 12 slot 3"
+    finally:
+        lab.run("scontrol", "update", f"NodeName={m}", "Extra=")
+
+
+def test_drain_is_idempotent_and_check_mode_changes_nothing(lab):
+    n = lab.nodes[1]
+    ok, res = step({"node": n, "op": "drain", "reason": "gpufleet: xid79 gpu1"}, check=True)
+    assert ok and res["changed"] and lab.node_states()[n] == ("idle", "")
+    ok, res = step({"node": n, "op": "drain", "reason": "gpufleet: xid79 gpu1"})
+    assert ok and res["changed"]
+    lab.wait_for(n, {"drained"})
+    ok, res = step({"node": n, "op": "drain", "reason": "gpufleet: xid79 gpu1"})
+    assert ok and not res["changed"]
+    ok, res = step({"node": n, "op": "drain", "reason": "xid79 without our prefix"})
+    assert not ok and "must start with" in res["msg"]
+
+
+def test_history_record_and_outcome(lab):
+    n = lab.nodes[2]
+    lab.run("scontrol", "update", f"NodeName={n}", "State=DRAIN", "Reason=gpufleet: xid48 gpu3")
+    pending = '{"gf":1,"i":{"c":"gm","g":3,"id":1,"k":"xid48","s":[["g",1796232119,null]],"t":1796232014},"n":1}'
+    try:
+        ok, res = step({"node": n, "op": "record", "history": pending})
+        assert ok and res["changed"] and extra(lab, n) == pending
+        ok, res = step({"node": n, "op": "record", "history": pending})
+        assert ok and not res["changed"]
+        ok, res = step({"node": n, "op": "outcome", "outcome": "ok", "cooldown": 60})
+        assert ok and res["changed"]
+        stored = json.loads(extra(lab, n))
+        assert "i" not in stored and stored["p"] == "gm1796232014" and "cd" in stored
+    finally:
+        lab.run("scontrol", "update", f"NodeName={n}", "Extra=")
