@@ -88,3 +88,53 @@ def test_text_reader_on_mutated_capture(pos, cut, junk):
 @given(st.text(max_size=400))
 def test_text_reader_on_arbitrary_text(text):
     assert isinstance(read_nvidia_smi_text(text), Snapshot)
+
+
+# Synthetic snapshots (what the simulator and the fake backends produce): any mix of values and Nones judges.
+_num = st.one_of(st.none(), st.integers(min_value=-10, max_value=10 ** 12),
+                 st.floats(allow_nan=False, allow_infinity=False, min_value=-1e6, max_value=1e6))
+_flag = st.one_of(st.none(), st.booleans())
+
+
+@st.composite
+def gpus(draw, index):
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.health import GpuSnapshot, NvLinkInfo
+    g = GpuSnapshot(index=index, name=draw(st.sampled_from([None, "NVIDIA H100 80GB HBM3", "NVIDIA B200",
+                                                            "NVIDIA GB200", "NVIDIA A100-SXM4-40GB", "x"])),
+                    pci_bus_id=draw(st.sampled_from([None, f"00000000:{index + 16:02x}:00.0", "garbage"])),
+                    lost=draw(st.booleans()))
+    for attr in ("ecc_volatile_sbe", "ecc_volatile_dbe", "ecc_aggregate_sbe", "remapped_rows_uncorrectable",
+                 "retired_pages_sbe", "retired_pages_dbe", "temperature", "temp_slowdown", "temp_shutdown",
+                 "temp_tlimit", "power_draw", "power_limit", "power_default_limit", "utilization_gpu",
+                 "pcie_gen_current", "pcie_gen_max", "pcie_width_current", "pcie_width_max", "pcie_replay_counter",
+                 "recovery_action"):
+        v = draw(_num)
+        setattr(g, attr, int(v) if v is not None and attr.startswith(("pcie", "recovery", "ecc", "retired",
+                                                                      "remapped")) else v)
+    for attr in ("remapped_rows_pending", "remapped_rows_failure", "sram_threshold_exceeded", "ecc_enabled",
+                 "persistence_mode", "reset_required", "retired_pages_pending"):
+        setattr(g, attr, draw(_flag))
+    g.clocks_event_reasons = draw(st.one_of(st.none(), st.lists(st.sampled_from(
+        ["gpu_idle", "hw_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown"]))))
+    g.clocks_event_counters_us = draw(st.dictionaries(st.sampled_from(["hw_thermal_slowdown", "sw_power_cap"]),
+                                                      st.integers(min_value=0, max_value=10 ** 15)))
+    g.fabric_state = draw(st.sampled_from([None, "Completed", "In Progress", "Not Started", "?"]))
+    g.nvlinks = draw(st.one_of(st.none(), st.lists(st.builds(NvLinkInfo, st.integers(0, 17), _flag,
+                                                             st.one_of(st.none(), st.integers(0, 10 ** 6))),
+                                                   max_size=4)))
+    return g
+
+
+@SETTINGS
+@given(st.integers(min_value=0, max_value=3).flatmap(lambda n: st.tuples(*[gpus(i) for i in range(n)])),
+       st.sampled_from(["ok", "partial", "timeout", "failed"]), st.one_of(st.none(), st.integers(0, 9)),
+       st.floats(min_value=0, max_value=1e6))
+def test_judge_on_synthetic_snapshots(gs, status, expected, dt):
+    snap = Snapshot(gpus=list(gs), probe_status=status)
+    r1 = judge(snap, [], config={"expected_gpus": expected}, now=1000.0)
+    r2 = judge(snap, [], config={"expected_gpus": expected}, state=r1.state, now=1000.0 + dt)
+    for r in (r1, r2):
+        d = r.to_dict()
+        assert d["verdict"] in ("healthy", "degraded", "unhealthy", "unknown")
+        if status == "timeout":
+            assert d["verdict"] in ("unknown", "unhealthy")
