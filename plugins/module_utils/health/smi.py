@@ -111,7 +111,7 @@ def _sum(values) -> Optional[int]:
     return sum(vals) if vals else None
 
 
-def _build_gpu(index: int, raw: Dict[str, str], lost: bool) -> GpuSnapshot:
+def _build_gpu(index: int, raw: Dict[str, str], lost: bool, lost_where: Optional[List[str]] = None) -> GpuSnapshot:
     g = GpuSnapshot(index=index)
     g.lost = lost
     g.name = _clean(raw.get("name"))
@@ -172,11 +172,27 @@ def _build_gpu(index: int, raw: Dict[str, str], lost: bool) -> GpuSnapshot:
     g.fabric_status = _clean(raw.get("fabric_status"))
     g.fabric_health = {k[14:]: v for k, v in ((k, _clean(val)) for k, val in raw.items()
                                               if k.startswith("fabric_health:")) if v is not None}
-    lost_fields = sorted(k for k, v in raw.items() if _is_lost(v))
-    if lost_fields:
+    if lost_where:
         g.lost = True
-        g.probe_errors.update({k: raw[k].strip() for k in lost_fields[:8]})
+        g.probe_errors.update({k: v for k, v in lost_where[:8]})
+    else:
+        lost_fields = sorted(k for k, v in raw.items() if _is_lost(v))
+        if lost_fields:
+            g.lost = True
+            g.probe_errors.update({k: raw[k].strip() for k in lost_fields[:8]})
     return g
+
+
+def _xml_lost_where(el, prefix: str = "") -> List[Tuple[str, str]]:
+    """(element path, text) of every element of a GPU whose body says the GPU is lost, in document order."""
+    out: List[Tuple[str, str]] = []
+    for child in el:
+        path = f"{prefix}{child.tag}"
+        if child.text and _is_lost(child.text):
+            out.append((f"nvidia-smi {path}", child.text.strip()))
+        if len(child):
+            out.extend(_xml_lost_where(child, path + "/"))
+    return out
 
 
 # ---------------------------------------------------------------- XML
@@ -264,8 +280,8 @@ def _xml_gpu(gpu_el) -> Tuple[Dict[str, str], bool]:
     if el is not None:
         for child in el:
             raw["fabric_health:" + child.tag] = _text(child)
-    lost = any(_is_lost(el.text) for el in gpu_el.iter() if el.text)
-    return raw, lost
+    lost_where = _xml_lost_where(gpu_el)
+    return raw, lost_where
 
 
 def read_nvidia_smi_xml(text) -> Snapshot:
@@ -294,8 +310,8 @@ def read_nvidia_smi_xml(text) -> Snapshot:
     snap.cuda_version = _clean(_text(root.find("cuda_version")))
     snap.attached_gpus = _int(_text(root.find("attached_gpus")))
     for i, gpu_el in enumerate(root.findall("gpu")):
-        raw, lost = _xml_gpu(gpu_el)
-        snap.gpus.append(_build_gpu(i, raw, lost))
+        raw, lost_where = _xml_gpu(gpu_el)
+        snap.gpus.append(_build_gpu(i, raw, bool(lost_where), lost_where))
     _finish(snap)
     return snap
 
@@ -352,6 +368,7 @@ def _text_gpu(lines: List[str], pci: str) -> Tuple[Dict[str, str], bool]:
     raw: Dict[str, str] = {"pci": pci}
     stack: List[Tuple[int, str]] = []
     lost = False
+    lost_where: List[Tuple[str, str]] = []
     for line in lines:
         if not line.strip():
             continue
@@ -367,6 +384,7 @@ def _text_gpu(lines: List[str], pci: str) -> Tuple[Dict[str, str], bool]:
             continue
         if _is_lost(value):
             lost = True
+            lost_where.append(("nvidia-smi " + " > ".join(path), value.strip()))
         canon = _TEXT_TOP.get(path)
         if canon:
             raw.setdefault(canon, value)
@@ -378,6 +396,7 @@ def _text_gpu(lines: List[str], pci: str) -> Tuple[Dict[str, str], bool]:
         elif len(path) == 4 and path[0] == "ECC Errors" and path[3] == "Total":
             scope = "vol:" if path[1] == "Volatile" else "agg:"
             raw[scope + ("single_bit_total" if "Single" in path[2] else "double_bit_total")] = value
+    raw["_lost_where"] = lost_where  # type: ignore[assignment]
     return raw, lost
 
 
@@ -455,7 +474,8 @@ def read_nvidia_smi_text(text) -> Snapshot:
     snap.attached_gpus = _int(header.get("Attached GPUs"))
     for i, (pci, body) in enumerate(sections):
         raw, lost = _text_gpu(body, pci)
-        snap.gpus.append(_build_gpu(i, raw, lost))
+        where = raw.pop("_lost_where", None)
+        snap.gpus.append(_build_gpu(i, raw, lost, where))
     extra = _text_failure(text)
     if extra is not None:
         for g in extra.gpus:
