@@ -130,6 +130,7 @@ def build_inputs(
                     "reason_user": str(_get(node, "reason_user") or ""),
                     "reason_time": _get(node, "reason_time"),
                     "history": history_text,
+                    "boot_time": _get(node, "boot_time"),
                 }
             )
     fleet = {"total": total, "partitions": parts, "domains": doms}

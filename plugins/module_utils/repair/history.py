@@ -113,6 +113,15 @@ class History:
         step.outcome = outcome
         return True
 
+    def retract(self, step: Step) -> None:
+        """Forget a step that never ran (its intent was written, then the run died before acting)."""
+        if self.incident is not None and step in self.incident.steps:
+            self.incident.steps.remove(step)
+            try:
+                self.repairs.remove((step.started, step.action))
+            except ValueError:
+                pass
+
     def close(self, now: float, cooldown_s: float) -> None:
         inc = self.incident
         if inc is None:

@@ -136,6 +136,7 @@ class Node:
     reason_user: str
     reason_time: Optional[float]
     history_text: Optional[str]
+    boot_time: Optional[float] = None
 
     @classmethod
     def parse(cls, d: Any, i: int) -> Node:
@@ -185,6 +186,7 @@ class Node:
             reason_user=str(d.get("reason_user") or ""),
             reason_time=_opt_time(d.get("reason_time"), where + ".reason_time"),
             history_text=dumps(hist) if isinstance(hist, History) else hist,
+            boot_time=_opt_time(d.get("boot_time"), where + ".boot_time"),
         )
 
     # state helpers
@@ -479,6 +481,19 @@ def _decide(
         return mk("hold", "no health report for a node in service; nothing to act on", "no_report", history=before)
 
     # 2. a step in progress
+    if (
+        pending is not None
+        and pending.action == "reboot"
+        and not n.rebooting
+        and n.boot_time is not None
+        and n.boot_time < pending.started
+        and "reboot" not in n.reason.lower().replace(config.reason_prefix.lower() + " reboot", "")
+    ):
+        # the run that wrote the intent died before Slurm took the reboot (no flag, no new boot, no "reboot
+        # issued" in the reason): that reboot never happened, so it does not count
+        hist.retract(pending)
+        inc, pending = hist.incident, None
+        before = dumps(hist)
     if pending is not None:
         timeout = config.step_timeout_s.get(pending.action, 1800.0)
         done_by = pending.started + timeout

@@ -103,11 +103,16 @@ def test_crash_in_the_middle_of_a_repair_converges(repair_lab):
     rl.drained_by_agent(n2)
     rl.run()  # reset_gpu, verification fails (the fault needs a reboot)
     assert len(rl.resets()) == 1 and lab.node_states()[n2][0] == "drained"
-    # the next run reboots; kill it as soon as the reboot has been asked for
+    # the next run reboots; kill it as soon as it has written its intent (before or just after Slurm takes the
+    # reboot: both must converge with exactly one reboot)
     proc = rl.start_async()
+
+    def intent_written():
+        steps = rl.history(n2).get("i", {}).get("s", [])
+        return bool(steps) and steps[-1][0] == "b"
+
     try:
-        wait_until(lambda: any(f"node={n2}" in ln for ln in rl.reboots()) or proc.poll() is not None, timeout=120,
-                   what="reboot issued")
+        wait_until(lambda: intent_written() or proc.poll() is not None, timeout=120, what="reboot intent")
     finally:
         rl.kill(proc)
     h = rl.history(n2)

@@ -463,6 +463,13 @@ OWN_ROWS = [
      "wait", "in_progress"),
     ("replacement done: the new node reports healthy", node(rep=HEALTHY, report_time=NOW - 10, history=hist(
         steps=[("reboot", NOW - 8000, F), ("replace", NOW - 600, None)])), "resume", "healthy_resume"),
+    ("reboot intent written but never taken by Slurm: retried", dict(node(
+        history=hist(steps=[("reset_gpu", NOW - 900, F), ("reboot", NOW - 60, None)])), boot_time=NOW - 5000),
+     "reboot", "ladder"),
+    ("reboot issued (reason says so) is not retried", dict(node(
+        reason="gpufleet: reboot xid48 (incident 1) : reboot issued", report_time=NOW - 10,
+        history=hist(steps=[("reset_gpu", NOW - 900, F), ("reboot", NOW - 60, None)])), boot_time=NOW - 5000),
+     "replace", "ladder"),
     ("step pending past its timeout fails it", node(report_time=NOW - 4000,
                                                     history=hist(steps=[("reset_gpu", NOW - 4000, None)])),
      "reboot", "ladder"),
@@ -487,6 +494,14 @@ def test_verified_step_is_recorded_in_history():
     h = loads(d.history)
     assert h.incident.steps[-1].outcome == "ok"
     assert loads(d.history_after).incident is None
+
+
+def test_retracted_reboot_is_not_counted():
+    n = dict(node(history=hist(steps=[("reset_gpu", NOW - 900, F), ("reboot", NOW - 60, None)])), boot_time=NOW - 5000)
+    d = one(n)
+    after = loads(d.history_after)
+    assert [(s.action, s.outcome) for s in after.incident.steps] == [("reset_gpu", "failed"), ("reboot", None)]
+    assert [a for _t, a in after.repairs] == ["reset_gpu", "reboot"]
 
 
 def test_failed_step_is_recorded_in_history():
