@@ -23,11 +23,13 @@ from oidclab import PLAYBOOK, PREFIX, REPO, real_token
 pytestmark = [pytest.mark.idp, pytest.mark.lab]
 ALICE, DAVE = f"{PREFIX}alice", f"{PREFIX}dave"
 LAB_SCRIPT = REPO / "tests" / "lab" / "slurm-lab.sh"
-RELEASE = os.environ.get("SLURM_LAB_RELEASE", "22.05")
-# One lab instance per release (the lab refuses to switch a directory between releases), ports apart.
-PORT_BASE = int(os.environ.get("OIDC_SLURM_LAB_PORT_BASE", "17650" if RELEASE == "22.05" else "17660"))
+# This module's lab always runs the host's Slurm 22.05, also in the 24.11 lane (SLURM_LAB_RELEASE=24.11): the
+# test users exist on the host only, not inside the trixie chroot, and a first try in that lane showed 24.11's
+# /slurm/v0.0.40/ping answering 200 whatever the token, so it needs its own endpoint choice (not done yet).
+RELEASE = "22.05"
+PORT_BASE = int(os.environ.get("OIDC_SLURM_LAB_PORT_BASE", "17650"))
 LAB_DIR = Path(os.environ.get("OIDC_SLURM_LAB_DIR", f"/tmp/gpufleet-lab-oidc-{RELEASE}-{PORT_BASE}"))
-PING = "/slurm/v0.0.38/ping" if RELEASE == "22.05" else "/slurm/v0.0.40/ping"
+PING = "/slurm/v0.0.38/ping"
 
 
 def _apply_role(root: Path, issuer: str) -> subprocess.CompletedProcess:
@@ -110,12 +112,11 @@ def test_slurmrestd_accepts_idp_token_and_rejects_forged(jwt_lab, module_idp, lo
     assert status == 200, body
     assert json.loads(body).get("pings"), body
     # RFC 9068 access tokens carry typ "at+jwt", which Slurm 22.05's libjwt refuses (it wants typ JWT):
-    # the same IdP key, the same claims, still rejected (see docs/oidc.md). Measured on 22.05 only.
+    # the same IdP key, the same claims, still rejected (see docs/oidc.md).
     at = real_token(module_idp.issuer, ALICE, tmp_path)
     assert json.loads(__import__("base64").urlsafe_b64decode(at.split(".")[0] + "=="))["typ"] == "at+jwt"
     status, _ = _rest(port, ALICE, at)
-    if RELEASE == "22.05":
-        assert status != 200
+    assert status != 200
     priv = json.loads(module_idp.jwks_path.read_text())
     plain = sign(priv, claims_for(module_idp.issuer, "urn:gpufleet:ssh", user=ALICE, sun=ALICE), "rs-1",
                  header={"typ": "JWT"})
@@ -130,17 +131,15 @@ def test_slurmrestd_accepts_idp_token_and_rejects_forged(jwt_lab, module_idp, lo
     mark = len(log_path.read_text(errors="replace"))
     status, _ = _rest(port, DAVE, idt)
     assert status != 200
-    if RELEASE == "22.05":  # log wording measured on 22.05
-        assert "alternate user" in new_log(mark)
+    assert "alternate user" in new_log(mark)
     # forged: right kid, typ JWT, signed with another key
     mark = len(log_path.read_text(errors="replace"))
     forged = sign(make_private_jwks(3), claims_for(module_idp.issuer, "urn:gpufleet:ssh", user=ALICE, sun=ALICE),
                   "rs-3", header={"kid": "rs-1", "typ": "JWT"})
     status, _ = _rest(port, ALICE, forged)
     assert status != 200
-    if RELEASE == "22.05":
-        text = new_log(mark)
-        assert "could not find matching kid or decode failed" in text or "failed to verify jwt" in text
+    text = new_log(mark)
+    assert "could not find matching kid or decode failed" in text or "failed to verify jwt" in text
     # expired, signed with the real key
     mark = len(log_path.read_text(errors="replace"))
     now = int(time.time())
@@ -148,8 +147,7 @@ def test_slurmrestd_accepts_idp_token_and_rejects_forged(jwt_lab, module_idp, lo
                                     iat=now - 700), "rs-1", header={"typ": "JWT"})
     status, _ = _rest(port, ALICE, expired)
     assert status != 200
-    if RELEASE == "22.05":
-        assert "token expired" in new_log(mark)
+    assert "token expired" in new_log(mark)
 
 
 def test_refresh_timer_script(jwt_lab):
