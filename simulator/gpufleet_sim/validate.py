@@ -47,7 +47,7 @@ def daly_cases(seeds: int = 40, sweep_seeds: int = 16, fast: bool = False) -> li
     for m in (24.0, 6.0, 0.25):
         raw = scn.override(base["raw"], {"faults[0].job_mtbf_h": m})
         sc = scn.validate(raw)
-        n = seeds if m > 1 else max(4, seeds // 5)
+        n = seeds if m > 1 else max(20, seeds // 10)
         vals = [run_one(sc, pol, s)["ettr"] for s in range(1, n + 1)]
         measured = sum(vals) / n
         label = f"{m:g} h" if m >= 1 else f"{m * 60:g} min"
@@ -56,7 +56,7 @@ def daly_cases(seeds: int = 40, sweep_seeds: int = 16, fast: bool = False) -> li
         # sweep: grid of intervals x1.25 around Young's; common seeds across grid points
         y = young(delta, m)
         grid = [y * 1.25 ** k for k in range(-5, 4)]
-        ns = sweep_seeds if m > 1 else max(3, sweep_seeds // 4)
+        ns = sweep_seeds if m > 1 else max(3, sweep_seeds // 12)
         best, best_w = None, math.inf
         for tau in grid:
             raw2 = scn.override(raw, {"jobs[0].checkpoint_interval_min": tau * 60})
@@ -119,7 +119,7 @@ def airesim_cases(seeds: int = 1) -> list[dict]:
 def run_all(quick: bool = False) -> dict:
     t0 = time.perf_counter()
     cases = []
-    cases += daly_cases(seeds=30 if quick else 60, sweep_seeds=12 if quick else 24)
+    cases += daly_cases(seeds=200 if quick else 400, sweep_seeds=40 if quick else 80)
     cases += llama_cases(seeds=24 if quick else 40)
     cases += rsc_cases(failures=3000 if quick else 9000, seeds=3)
     cases += airesim_cases(seeds=1 if quick else 2)

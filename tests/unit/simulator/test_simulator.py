@@ -19,7 +19,7 @@ def _check(cases):
 
 
 def test_daly_closed_form_and_optimal_interval():
-    _check(val.daly_cases(seeds=30, sweep_seeds=12))
+    _check(val.daly_cases(seeds=200, sweep_seeds=40))
 
 
 def test_llama3_table5():
