@@ -66,6 +66,9 @@ def main():
     timed(big, "100,000 GPUs x 365 days (12,500 nodes, default-1k fault mix)")
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"max RSS of this process after the 100,000-GPU run: {rss:.0f} MiB")
+    flag = scn.load(val.SCENARIOS / "llama3-405b-54d.yaml")["raw"]
+    flag = scn.validate(scn.override(flag, {"cluster.nodes": 12500, "jobs[0].nodes": 12000, "horizon_days": 365}))
+    timed(flag, "100,000 GPUs x 365 days (12,500 nodes, Llama 3 flagship mix)")
     small = scn.validate(scn.override(raw, {"cluster.nodes": 12500, "jobs[0].nodes": 12000, "horizon_days": 30}))
     tracemalloc.start()
     run_one(small, POL, 1, default_brain(small))
