@@ -190,7 +190,8 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run a scenario under one or more policies")
     r.add_argument("scenario")
-    r.add_argument("--policy", action="append", help="built-in policy name or a policy YAML file (repeatable)")
+    r.add_argument("--policy", action="extend", nargs="+",
+                   help="built-in policy names or policy YAML files (several, and/or repeat the option)")
     r.add_argument("--seeds", type=int)
     r.add_argument("--out", help="directory for the table, CSV, JSON, PNG plots and HTML report")
     r.add_argument("--json", help="write the JSON result to PATH, or - for stdout")
