@@ -27,12 +27,18 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 def _fmt(ci: dict, digits: int = 1, pct: bool = False) -> str:
     m, (lo, hi) = ci["mean"], ci["ci95"]
+    if _ONE_SEED[0]:  # one seed: no confidence interval to show
+        return f"{m * 100:.1f} %" if pct else f"{m:,.{digits}f}"
     if pct:
         return f"{m * 100:.1f} % ±{(hi - lo) / 2 * 100:.1f}"
     return f"{m:,.{digits}f} ±{(hi - lo) / 2:,.{digits}f}"
 
 
+_ONE_SEED = [False]
+
+
 def table(res: dict) -> str:
+    _ONE_SEED[0] = res["seeds"] < 2
     hdr = ["policy", "ETTR", "crashes", "drains", "lost GPU-h", "cost $", "node MTTR h", "spares used", "retired"]
     rows = []
     for name, p in res["policies"].items():
@@ -41,15 +47,17 @@ def table(res: dict) -> str:
                      _fmt(p["cost_usd"], 0), _fmt(p["mttr_hours"]), _fmt(p["spares_used"]), _fmt(p["nodes_retired"])])
     w = [max(len(str(r[i])) for r in rows + [hdr]) for i in range(len(hdr))]
     line = lambda r: "  ".join(str(c).ljust(w[i]) if i == 0 else str(c).rjust(w[i]) for i, c in enumerate(r))  # noqa: E731
-    out = [f"{res['scenario']}: {res['gpus']:,} GPUs, {res['seeds']} seeds, mean ±95 % CI half-width, "
+    what = "mean ±95 % CI half-width" if res["seeds"] > 1 else "one seed, no confidence interval (use --seeds)"
+    out = [f"{res['scenario']}: {res['gpus']:,} GPUs, {res['seeds']} seeds, {what}, "
            f"${res['price_per_gpu_hour']:g}/GPU-h", line(hdr), line(["-" * x for x in w])]
     out += [line(r) for r in rows]
     best = max(res["policies"].items(), key=lambda kv: kv[1]["ettr"]["mean"])
     worst = min(res["policies"].items(), key=lambda kv: kv[1]["ettr"]["mean"])
     saved = worst[1]["lost_gpu_hours"]["mean"] - best[1]["lost_gpu_hours"]["mean"]
     tied = _tied(res["policies"], best[0])
-    out.append(f"best: {best[0]}" + (f" (tied within the 95 % CI with {', '.join(tied)})" if tied else "") +
-               f" — saves {saved:,.0f} GPU-hours (${saved * res['price_per_gpu_hour']:,.0f}) against {worst[0]}")
+    if len(res["policies"]) > 1:
+        out.append(f"best: {best[0]}" + (f" (tied within the 95 % CI with {', '.join(tied)})" if tied else "") +
+                   f" — saves {saved:,.0f} GPU-hours (${saved * res['price_per_gpu_hour']:,.0f}) against {worst[0]}")
     out.append("crashes: job interruptions by a fault; drains: nodes taken out at a checkpoint on a warning")
     return "\n".join(out)
 
@@ -195,6 +203,7 @@ def _tied(pol: dict, best: str) -> list:
 
 
 def write_html(res: dict, out: Path, pngs: list[Path], table_text: str) -> Path:
+    _ONE_SEED[0] = res["seeds"] < 2
     pol = res["policies"]
     best = max(pol.items(), key=lambda kv: kv[1]["ettr"]["mean"])
     worst = min(pol.items(), key=lambda kv: kv[1]["ettr"]["mean"])
@@ -202,6 +211,7 @@ def write_html(res: dict, out: Path, pngs: list[Path], table_text: str) -> Path:
     saved = worst[1]["lost_gpu_hours"]["mean"] - best[1]["lost_gpu_hours"]["mean"]
     e = html.escape
     tied = _tied(pol, best[0])
+    hidden = " hidden" if len(pol) < 2 else ""
     tie = (" Within the 95 % confidence interval it is tied with " + ", ".join(f"<b>{e(t)}</b>" for t in tied) +
            "; more seeds (<code>--seeds</code>) would separate them.") if tied else ""
     rows = []
@@ -228,7 +238,7 @@ pre{{background:#f7f7f7;padding:.5em}}</style>
 <h1>Which repair policy saves the most GPU-hours?</h1>
 <p>Scenario <b>{e(res['scenario'])}</b>: {res['gpus']:,} GPUs, {res['seeds']} seeds per policy,
 GPU-hour price ${price:g}. Every number is a mean over seeds; ± is the half-width of its 95 % confidence interval.</p>
-<p class="key"><b>{e(best[0])}</b> keeps the job training {best[1]['ettr']['mean'] * 100:.1f} % of the time and
+<p class="key"{hidden}><b>{e(best[0])}</b> keeps the job training {best[1]['ettr']['mean'] * 100:.1f} % of the time and
 saves <b>{saved:,.0f} GPU-hours (${saved * price:,.0f})</b> against <b>{e(worst[0])}</b>
 ({worst[1]['ettr']['mean'] * 100:.1f} %).{tie}</p>
 <table><tr><th>policy</th><th>ETTR</th><th>job crashes</th><th>proactive drains</th><th>lost GPU-hours</th>
