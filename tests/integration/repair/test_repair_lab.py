@@ -5,7 +5,7 @@ never touched; a storm trips the breaker; a crash converges; approval mode appli
 from __future__ import annotations
 
 import pytest
-from conftest import wait_until
+from repair_lab_helpers import wait_until
 
 pytestmark = pytest.mark.lab
 

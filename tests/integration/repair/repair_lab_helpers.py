@@ -1,0 +1,189 @@
+"""The repair lab: the Slurm lab + the real node agent as its health hook (on replayed GPUs, faults injected as
+replayed kernel lines) + repair.yml run through ansible-runner the way AWX runs a job template."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import ansible_runner
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+FAKEGPU = HERE / "fakegpu.py"
+SPARE_REASON = "gpufleet: spare"
+
+
+class RepairLab:
+    def __init__(self, lab, tmp: Path):
+        self.lab = lab
+        self.dir = lab.dir
+        self.tmp = tmp
+        self.state = tmp / "state"
+        self.bin = tmp / "bin"
+        self.hook_log = tmp / "hook.log"
+        self.runs = 0
+
+    # ---- set-up -------------------------------------------------------------------------------------------
+    def install(self):
+        for sub in ("faults", "reports"):
+            d = self.dir / sub
+            if d.exists():
+                shutil.rmtree(d)
+            d.mkdir(parents=True)
+        for log in ("fake-nvidia-smi.log", "reboot-calls.log"):
+            (self.dir / "log" / log).write_text("")
+        self.bin.mkdir(parents=True, exist_ok=True)
+        for node in self.lab.nodes:
+            script = self.bin / f"nvidia-smi-{node}"
+            script.write_text(
+                f'#!/usr/bin/env bash\nexec {sys.executable} {FAKEGPU} nvidia-smi {self.dir} {node} "$@"\n'
+            )
+            script.chmod(0o755)
+        self.hook_cmd = self.bin / "hook"
+        self.hook_cmd.write_text(f"#!/usr/bin/env bash\ncat >>{self.hook_log}; echo >>{self.hook_log}; "
+                                 "echo '{\"ticket\": \"RMA-1\"}'\n")
+        self.hook_cmd.chmod(0o755)
+        # clear every node's history (the lab's reset does not)
+        self.lab.run("scontrol", "update", f"NodeName={','.join(self.lab.nodes)}", "Extra=")
+        hook = self.lab.hook
+        hook.write_text(f'#!/usr/bin/env bash\nexec {sys.executable} {FAKEGPU} agent {self.dir} "$SLURMD_NODENAME"\n')
+        hook.chmod(0o755)
+
+    def uninstall(self):
+        if self.lab.hook.exists():
+            self.lab.hook.unlink()
+
+    # ---- faults and state -----------------------------------------------------------------------------------
+    def inject(self, node, fault="xid48", cleared_by="reboot"):
+        subprocess.run([sys.executable, str(FAKEGPU), "inject", str(self.dir), node, fault, cleared_by], check=True)
+
+    def drained_by_agent(self, node, timeout=60):
+        return self.lab.wait_for(node, lambda sr: sr[0] in ("drained", "draining") and sr[1].startswith("gpufleet:"),
+                                 timeout=timeout)
+
+    def spare(self, node):
+        self.lab.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={SPARE_REASON}")
+
+    def extra(self, node) -> str:
+        out = self.lab.run("scontrol", "show", "node", node).stdout
+        for line in out.splitlines():
+            line = line.strip()
+            if line.startswith("Extra="):
+                return line[len("Extra="):].strip()
+        return ""
+
+    def history(self, node) -> dict:
+        text = self.extra(node)
+        return json.loads(text) if text and text != "(null)" else {}
+
+    def resets(self):
+        return [ln for ln in (self.dir / "log" / "fake-nvidia-smi.log").read_text().splitlines() if " -r" in ln]
+
+    def reboots(self):
+        return [ln for ln in (self.dir / "log" / "reboot-calls.log").read_text().splitlines() if "node=" in ln]
+
+    def hook_calls(self):
+        if not self.hook_log.exists():
+            return []
+        return [json.loads(ln) for ln in self.hook_log.read_text().splitlines() if ln.strip()]
+
+    def breaker(self):
+        p = self.state / "breaker.json"
+        return json.loads(p.read_text()) if p.exists() else {}
+
+    # ---- the playbook, as AWX runs it ---------------------------------------------------------------------
+    def extravars(self, config=None, **over):
+        cfg = {"ttl": 0, "cooldown": 0,
+               "blast_radius": {"max_unavailable": len(self.lab.nodes), "min_healthy": 0},
+               "breaker": {"min_nodes": len(self.lab.nodes)}}
+        cfg.update(config or {})
+        ev = {
+            "node_repair_config": cfg,
+            "node_repair_reports_dir": str(self.dir / "reports"),
+            "node_repair_state_dir": str(self.state),
+            "node_repair_verify_command": [sys.executable, str(FAKEGPU), "check", str(self.dir), "{node}"],
+            "node_repair_dcgm_level": 0,
+            "node_repair_nvidia_smi": str(self.bin / "nvidia-smi-{node}"),
+            "node_repair_reboot_timeout": 90,
+            "node_repair_hook_command": [str(self.hook_cmd)],
+            "node_repair_publish_dir": str(self.tmp),
+            "ansible_connection": "local",
+            "ansible_python_interpreter": sys.executable,
+        }
+        ev.update(over)
+        return ev
+
+    def _private(self):
+        self.runs += 1
+        pdd = self.tmp / f"runner-{self.runs}"
+        (pdd / "inventory").mkdir(parents=True)
+        (pdd / "inventory" / "hosts").write_text("localhost ansible_connection=local\n")
+        return pdd
+
+    def _envvars(self):
+        return {
+            "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"),
+            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+            "SLURM_CONF": str(self.lab.conf),
+            "PATH": str(Path(sys.executable).parent) + ":" + os.environ.get("PATH", "") + ":/usr/sbin:/sbin",
+            "ANSIBLE_HOST_KEY_CHECKING": "False",
+        }
+
+    def run(self, **kw):
+        """Run repair.yml once through ansible-runner; returns (runner, artifacts from set_stats)."""
+        ev = self.extravars(**kw)
+        r = ansible_runner.run(private_data_dir=str(self._private()), project_dir=str(REPO),
+                               playbook="playbooks/repair.yml", extravars=ev, envvars=self._envvars(), quiet=True,
+                               timeout=600)
+        artifacts = {}
+        for event in r.events:
+            if event.get("event") == "playbook_on_stats":
+                artifacts = event.get("event_data", {}).get("artifact_data") or {}
+        if r.rc != 0:
+            out = r.stdout.read() if hasattr(r.stdout, "read") else ""
+            raise AssertionError(f"repair.yml failed rc={r.rc} status={r.status}\n{out[-6000:]}")
+        return r, artifacts
+
+    def start_async(self, **kw):
+        """Start repair.yml as a separate process (ansible-playbook, same extravars); returns the Popen."""
+        ev = self.extravars(**kw)
+        varfile = self.tmp / f"vars-{self.runs}.json"
+        varfile.write_text(json.dumps(ev))
+        env = dict(os.environ, **self._envvars())
+        return subprocess.Popen([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,",
+                                 str(REPO / "playbooks" / "repair.yml"), "-e", f"@{varfile}"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    @staticmethod
+    def kill(proc):
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+    def until(self, pred, runs=5, **kw):
+        """Run the playbook until ``pred()`` holds (at most ``runs`` times); returns the artifacts of each run."""
+        seen = []
+        for _ in range(runs):
+            _r, art = self.run(**kw)
+            seen.append(art)
+            if pred():
+                return seen
+        raise AssertionError(f"not converged after {runs} runs: {self.lab.node_states()}\n"
+                             f"{json.dumps(seen, indent=1)[-4000:]}")
+
+
+def wait_until(pred, timeout=60, interval=0.2, what="condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        if pred():
+            return
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what} not reached within {timeout}s")
+        time.sleep(interval)
