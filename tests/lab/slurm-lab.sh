@@ -19,6 +19,7 @@
 #   SLURM_LAB_TIMEOUT [60]  SLURM_LAB_SLURMD_TIMEOUT [30]  SLURM_LAB_KEEP_STATE [0]
 #   SLURM_LAB_RELEASE [22.05 = the host's Debian Slurm | 24.11 = Debian trixie chroot]
 #   SLURM_LAB_CHROOT [/var/cache/gpufleet/trixie-chroot]  (built once with debootstrap, then reused)
+#   SLURM_LAB_CHROOT_BINDS [/tmp /work /root /home /opt /srv]  host dirs bound at the same path in the chroot
 #
 # The health-check program drains a node when $LAB/flags/<node>.bad exists, then, if $LAB/etc/healthcheck.hook
 # exists and is executable, execs it (PATH and SLURM_CONF exported, SLURMD_NODENAME passed through). The
@@ -47,6 +48,7 @@ SLURMD_TIMEOUT=${SLURM_LAB_SLURMD_TIMEOUT:-30}
 KEEP_STATE=${SLURM_LAB_KEEP_STATE:-0}
 RELEASE=${SLURM_LAB_RELEASE:-22.05}
 CHROOT=${SLURM_LAB_CHROOT:-/var/cache/gpufleet/trixie-chroot}
+CHROOT_BINDS=${SLURM_LAB_CHROOT_BINDS:-/tmp /work /root /home /opt /srv}
 
 CONF=$LAB/etc/slurm.conf
 CTLD_PORT=$((PORT_BASE + 17))
@@ -58,10 +60,15 @@ die() { echo "slurm-lab: $*" >&2; exit 1; }
 log() { echo "slurm-lab: $*" >&2; }
 now_ms() { date +%s%3N; }
 
-# A running lab keeps the release it was started with: stop/status/wait/env/selftest/clean follow it.
-if [[ -f "$LAB/etc/release" && "${1:-}" != start && "${1:-}" != restart ]]; then
-  RELEASE=$(cat "$LAB/etc/release")
-fi
+# A lab keeps the release it was started with: stop/status/wait/env/selftest/clean follow it, restart too
+# unless SLURM_LAB_RELEASE says otherwise; start uses SLURM_LAB_RELEASE (default 22.05).
+RECORDED=""
+[[ -f "$LAB/etc/release" ]] && RECORDED=$(cat "$LAB/etc/release")
+case "${1:-}" in
+  start) ;;
+  restart) RELEASE=${SLURM_LAB_RELEASE:-${RECORDED:-22.05}} ;;
+  *) RELEASE=${RECORDED:-$RELEASE} ;;
+esac
 case "$RELEASE" in
   22.05 | host) RELEASE=22.05; ROOT="" ;;
   24.11) ROOT=$CHROOT ;;
@@ -303,6 +310,12 @@ root=$ROOT
 mode=\$1; shift
 mount -t proc proc "\$root/proc"
 mount --rbind /dev "\$root/dev"
+# Host directories seen at the same path inside (job scripts, outputs, the checkout, .venv and its Python).
+for d in $CHROOT_BINDS; do
+  [[ -d "\$d" && "\$d" == /* && "\$d" != / ]] || continue
+  mkdir -p "\$root\$d"
+  mount --rbind "\$d" "\$root\$d"
+done
 mount --bind $LAB "\$root$LAB"
 if [[ "\$mode" == daemon ]]; then
   mount --rbind /sys "\$root/sys"
@@ -438,12 +451,12 @@ start_slurmctld() {
   local -a args=(-f "$CONF")
   if ((fresh)); then args+=(-c); rm -f "$LAB"/flags/*.bad; fi
   daemon /usr/sbin/slurmctld "${args[@]}" || die "slurmctld failed to start; see $LAB/log/slurmctld.log"
-  for ((i = 0; i < 100; i++)); do
+  for ((i = 0; i < 300; i++)); do
     if ctld_pid >/dev/null && client scontrol ping 2>/dev/null | grep -q 'is UP'; then return 0; fi
     sleep 0.1
   done
   tail -20 "$LAB/log/slurmctld.log" >&2 || true
-  die "slurmctld did not answer 'scontrol ping' within 10 s"
+  die "slurmctld did not answer 'scontrol ping' within 30 s"
 }
 
 start_slurmd() {
@@ -667,7 +680,7 @@ cmd_selftest() {
 case "${1:-}" in
   start) cmd_start ;;
   stop) cmd_stop ;;
-  restart) cmd_stop; cmd_start ;;
+  restart) env -u SLURM_LAB_RELEASE bash "$0" stop; cmd_start ;;
   status) cmd_status ;;
   env) cmd_env ;;
   wait) cmd_wait ;;
