@@ -90,7 +90,8 @@ client() {
   if [[ -n "$ROOT" ]]; then
     "$LAB/bin/wrap/$cmd" "$@"
   else
-    SLURM_CONF=$CONF "$cmd" "$@"
+    # the host's own binaries, never a wrapper of another (24.11) lab that happens to be first on PATH
+    PATH=$SYS_PATH SLURM_CONF=$CONF "$cmd" "$@"
   fi
 }
 # A daemon: started in its own private mount namespace inside the chroot (mounts die with the namespace).
