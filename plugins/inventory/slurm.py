@@ -27,7 +27,7 @@ description:
     C(slurm_alloc_cpus), C(slurm_version), C(slurm_next_state)."
   - The configuration file must end in C(.slurm.yml) or C(.slurm.yaml).
 author:
-  - gpufleet.reliability contributors
+  - gpufleet.reliability contributors (@gpufleet)
 extends_documentation_fragment:
   - ansible.builtin.constructed
   - ansible.builtin.inventory_cache

@@ -319,6 +319,10 @@ def parse_node_text_line(line):
     return {parts[i]: parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)}
 
 
+def _null(v):
+    return "" if v in (None, "(null)", "N/A") else v
+
+
 def parse_nodes_text(text):
     """``scontrol -o -d show node`` output -> {name: Node}."""
     nodes = {}
@@ -331,14 +335,12 @@ def parse_nodes_text(text):
         m = _REASON.match(reason)
         if m:
             reason, user, rtime = m.group("text"), m.group("user"), _parse_time(m.group("time"))
-        def null(v):
-            return "" if v in (None, "(null)", "N/A") else v
         name = kv["NodeName"]
         nodes[name] = Node(
             name=name, state=state, flags=flags, reason=reason, reason_user=user, reason_time=rtime,
-            partitions=_list(kv.get("Partitions")), features=_list(null(kv.get("ActiveFeatures"))),
-            gres=null(kv.get("Gres", "")), gres_used=null(kv.get("GresUsed", "")),
-            comment=null(kv.get("Comment", "")), extra=null(kv.get("Extra", "")),
+            partitions=_list(kv.get("Partitions")), features=_list(_null(kv.get("ActiveFeatures"))),
+            gres=_null(kv.get("Gres", "")), gres_used=_null(kv.get("GresUsed", "")),
+            comment=_null(kv.get("Comment", "")), extra=_null(kv.get("Extra", "")),
             boot_time=_parse_time(kv.get("BootTime")), next_state=(kv.get("NextState") or "").lower(),
             cpus=_num(kv.get("CPUTot")), alloc_cpus=_num(kv.get("CPUAlloc")) or 0,
             address=kv.get("NodeAddr", ""), version=kv.get("Version", ""),
@@ -442,7 +444,7 @@ def subprocess_runner(env=None, timeout=120):
         full_env.update(env or {})
         full_env["LC_ALL"] = "C"
         try:
-            p = subprocess.run(argv, capture_output=True, text=True, env=full_env, timeout=timeout)
+            p = subprocess.run(argv, capture_output=True, text=True, env=full_env, timeout=timeout, check=False)
         except FileNotFoundError as exc:
             return 127, "", f"{argv[0]}: command not found ({exc})"
         except subprocess.TimeoutExpired:

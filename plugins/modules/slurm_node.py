@@ -19,7 +19,7 @@ description:
   - V(state=resumed) with O(only_if_reason_prefix) resumes only nodes whose drain or down reason starts with that
     prefix, so that automation undoes only its own drains and never a drain someone else set.
 author:
-  - gpufleet.reliability contributors
+  - gpufleet.reliability contributors (@gpufleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - gpufleet.reliability.slurm

@@ -18,7 +18,7 @@ description:
     unkillable step keep their reason.
   - The age of a COMPLETING job is now minus the job's end time as C(squeue) reports it.
 author:
-  - gpufleet.reliability contributors
+  - gpufleet.reliability contributors (@gpufleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - gpufleet.reliability.slurm
