@@ -10,8 +10,8 @@ short_description: Find Slurm nodes stuck in COMPLETING or with unkillable job s
 version_added: "0.1.0"
 description:
   - Reports nodes whose jobs have been COMPLETING for longer than O(completing_after) seconds (the job ended but
-    its processes or its epilog have not finished, for example a hung epilog, a process in uninterruptible sleep on a dead
-    GPU or file system), and nodes whose reason says a job step could not be killed (slurmstepd drains a node
+    its processes or its epilog have not finished, for example a hung epilog, a process in uninterruptible sleep
+    on a dead GPU or file system), and nodes whose reason says a job step could not be killed (slurmstepd drains a node
     with C(Kill task failed) when a step outlives C(UnkillableStepTimeout)).
   - With O(drain=true), drains the stuck-completing nodes that are not drained yet, in one
     C(scontrol update NodeName=<hostlist>), so that no new job lands on them. Nodes Slurm already drained for an
