@@ -25,7 +25,7 @@ GOAL_S = 0.3
 
 def median_ms(fn, n):
     times = []
-    for _ in range(n):
+    for _unused in range(n):
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1000.0)
@@ -55,7 +55,7 @@ def main(argv):
                            ("agent, 8-GPU XML + 640-line kmsg replay (subprocess)", cmd_xml_kmsg),
                            ("agent, 8-GPU fake NVML via the forked probe (subprocess)", cmd_fake)):
             rows.append((label, *median_ms(lambda c=cmd: subprocess.run(c, env=env, stdout=subprocess.DEVNULL,
-                                                                         check=False), n)))
+                                                                        check=False), n)))
         rows.append(("python -c pass (interpreter start alone)",
                      *median_ms(lambda: subprocess.run([sys.executable, "-c", "pass"], check=False), n)))
         rows.append(("brain: read_nvidia_smi_xml (8 GPUs, 213 KB)", *median_ms(lambda: read_nvidia_smi_xml(xml), n)))

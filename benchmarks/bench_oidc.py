@@ -29,7 +29,7 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.validato
 
 def med_ms(fn, n):
     out = []
-    for _ in range(n):
+    for _unused in range(n):
         t = time.perf_counter()
         fn()
         out.append((time.perf_counter() - t) * 1000)

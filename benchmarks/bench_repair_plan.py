@@ -31,7 +31,7 @@ def inputs(fleet_nodes, sick):
 def timed(fleet_nodes, sick, config, reps=20):
     fleet, attention = inputs(fleet_nodes, sick)
     t0 = time.perf_counter()
-    for _ in range(reps):
+    for _unused in range(reps):
         plan(fleet, attention, config, NOW)
     return (time.perf_counter() - t0) / reps
 

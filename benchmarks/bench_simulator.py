@@ -82,7 +82,7 @@ def main():
         for days in (20, 40, 80, 160):
             sc = scn.validate(scn.override(base, {"jobs[0].nodes": 2048, "cluster.nodes": 2304, "horizon_days": days}))
             best = None
-            for _ in range(3):
+            for _unused in range(3):
                 brain = default_brain(sc)
                 if engine_only:
                     brain = _EngineOnly(brain)

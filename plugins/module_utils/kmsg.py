@@ -55,7 +55,7 @@ def read_dev_kmsg(path: str = DEV_KMSG, cursor: Optional[Dict[str, Any]] = None,
     seq = last
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
-        for _ in range(max_records):
+        for _unused in range(max_records):
             try:
                 chunk = os.read(fd, 16384)
             except BlockingIOError:

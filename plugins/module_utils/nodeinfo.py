@@ -82,7 +82,7 @@ def memory(meminfo: str = "/proc/meminfo"):
     text = _read(meminfo)
     vals = {}
     for line in (text or "").splitlines():
-        key, _, rest = line.partition(":")
+        key, _sep, rest = line.partition(":")
         try:
             vals[key] = int(rest.split()[0]) * 1024
         except (ValueError, IndexError):

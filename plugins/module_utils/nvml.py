@@ -338,7 +338,7 @@ def probe_with_deadline(deadline_s: float = 20.0, fake_nvml=None, marker_path: O
             if left <= 0:
                 timed_out = True
                 break
-            ready, _, _ = select.select([rfd], [], [], left)
+            ready, _wready, _xready = select.select([rfd], [], [], left)
             if not ready:
                 continue
             chunk = os.read(rfd, 65536)
@@ -376,7 +376,7 @@ def _reap(pid: int, wait_s: float) -> bool:
     end = time.monotonic() + wait_s
     while True:
         try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
+            done, _status = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             return True
         if done:
@@ -417,7 +417,7 @@ _DEVICE_DEFAULTS: Dict[str, Any] = {
     "nvlink_errors": {},
 }
 _DEVICE_KEYS = set(_DEVICE_DEFAULTS) | {"uuid", "pci_bus_id", "fail", "not_supported", "hang", "index",
-                                       "retired_pages"}
+                                        "retired_pages"}
 _TOP_KEYS = {"driver_version", "cuda_version", "count", "devices", "device_defaults", "init_error", "hang",
              "_comment", "_source"}
 

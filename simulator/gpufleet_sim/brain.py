@@ -123,7 +123,10 @@ class CollectionBrain:
             return self._plan(record, fleet, now, approvals, breaker)
         delta = CANON - now
         name = record["name"]
-        rel = lambda t: None if t is None else t + delta  # noqa: E731
+
+        def rel(t):
+            return None if t is None else t + delta
+
         key = (record["state"], record.get("reason"), record.get("reason_user"), rel(record.get("reason_time")),
                id(record.get("report")), rel(record.get("report_time")), shift_history(record.get("history"), delta),
                _fleet_key(fleet), frozenset((a, i) for n, a, i in approvals if n == name))

@@ -21,14 +21,14 @@ def _progress_factory(total_hint: int):
         from tqdm import tqdm
     except ImportError:  # pragma: no cover
         return None, None
-    bar = tqdm(total=total_hint, unit="run", file=sys.stderr, disable=None, leave=False)
+    progress_bar = tqdm(total=total_hint, unit="run", file=sys.stderr, disable=None, leave=False)
 
     def cb(done, total):
-        bar.total = total
-        bar.n = done
-        bar.refresh()
+        progress_bar.total = total
+        progress_bar.n = done
+        progress_bar.refresh()
 
-    return cb, bar
+    return cb, progress_bar
 
 
 def _policies(args, sc) -> list:
@@ -48,10 +48,10 @@ def cmd_run(args) -> int:
     sc = scn.load(args.scenario)
     pols = _policies(args, sc)
     seeds = args.seeds or sc["seeds"]
-    cb, bar = _progress_factory(len(pols) * seeds)
+    cb, progress_bar = _progress_factory(len(pols) * seeds)
     res = run_scenario(sc, pols, seeds=seeds, progress=cb)
-    if bar is not None:
-        bar.close()
+    if progress_bar is not None:
+        progress_bar.close()
     if args.out:
         files = write_all(res, Path(args.out))
         print(files["table"])
@@ -147,7 +147,7 @@ def _sweep_slurm(args, n: int) -> int:
                       f"#SBATCH --array=0-{n - 1}\n#SBATCH --output={out}/slurm-%A_%a.out\n"
                       f"export PYTHONPATH={shlex.quote(os.pathsep.join(sys.path[1:]))}\n{cmd}\n")
     sb = [args.sbatch or "sbatch", "--wait", "--parsable"] + (shlex.split(args.slurm_args) if args.slurm_args else [])
-    r = subprocess.run(sb + [str(script)], capture_output=True, text=True)
+    r = subprocess.run(sb + [str(script)], capture_output=True, text=True, check=False)
     if r.returncode != 0:
         print(f"sbatch failed ({r.returncode}): {r.stderr.strip()}", file=sys.stderr)
         return 2

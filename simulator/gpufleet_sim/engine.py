@@ -713,7 +713,7 @@ class Sim:
         bh = self.rep["business_hours"]
         if bh is None:
             return t
-        for _ in range(15):
+        for _unused in range(15):
             day = int(t // 24)
             hour = t - day * 24
             if day % 7 < bh["weekdays"]:

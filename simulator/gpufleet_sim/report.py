@@ -46,7 +46,10 @@ def table(res: dict) -> str:
                      _fmt(p["lost_gpu_hours"], 0),
                      _fmt(p["cost_usd"], 0), _fmt(p["mttr_hours"]), _fmt(p["spares_used"]), _fmt(p["nodes_retired"])])
     w = [max(len(str(r[i])) for r in rows + [hdr]) for i in range(len(hdr))]
-    line = lambda r: "  ".join(str(c).ljust(w[i]) if i == 0 else str(c).rjust(w[i]) for i, c in enumerate(r))  # noqa: E731
+
+    def line(r):
+        return "  ".join(str(c).ljust(w[i]) if i == 0 else str(c).rjust(w[i]) for i, c in enumerate(r))
+
     what = "mean ±95 % CI half-width" if res["seeds"] > 1 else "one seed, no confidence interval (use --seeds)"
     out = [f"{res['scenario']}: {res['gpus']:,} GPUs, {res['seeds']} seeds, {what}, "
            f"${res['price_per_gpu_hour']:g}/GPU-h", line(hdr), line(["-" * x for x in w])]

@@ -46,7 +46,7 @@ def apply_role(tmp_path: Path, monkeypatch, extravars: dict):
     r = ansible_runner.run(
         private_data_dir=str(pdd), playbook="site.yml", quiet=True, extravars=extravars,
         inventory={"all": {"hosts": {"node": {"ansible_connection": "local", "ansible_host": "localhost",
-                                               "ansible_python_interpreter": sys.executable}}}},
+                                              "ansible_python_interpreter": sys.executable}}}},
         envvars={"ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections")},
     )
     failures = [e["event_data"].get("res") for e in r.events if e["event"] == "runner_on_failed"]

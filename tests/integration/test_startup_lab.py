@@ -38,12 +38,12 @@ class Node:
             argv.append("--slurm")
         else:
             argv += ["--node", self.name]
-        proc = subprocess.run(argv + list(extra), env=env, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(argv + list(extra), env=env, capture_output=True, text=True, timeout=120, check=False)
         return proc.returncode, json.loads(proc.stdout)
 
     def gate(self):
         return subprocess.run([RUNNER, "gate", "--state-dir", str(self.state)], capture_output=True, text=True,
-                              timeout=60).returncode
+                              timeout=60, check=False).returncode
 
 
 def drained(state_reason):
@@ -127,7 +127,7 @@ def _unit_command(path: Path, key: str):
             argv = shlex.split(line[len(key) + 1:])
         elif line.startswith("Environment="):
             for item in shlex.split(line[len("Environment="):]):
-                k, _, v = item.partition("=")
+                k, _sep, v = item.partition("=")
                 env[k] = v
     assert argv, f"no {key}= in {path}"
     return argv, env
@@ -145,21 +145,21 @@ def test_role_installed_unit_command_drains_then_resumes(lab, tmp_path, monkeypa
     apply_role(tmp_path, monkeypatch, extravars)
     systemd = root / "etc/systemd/system"
     start, env = _unit_command(systemd / "gpufleet-startup.service", "ExecStart")
-    gate, _ = _unit_command(systemd / "slurmd.service.d/gpufleet-startup.conf", "ExecStartPre")
+    gate, _gate_env = _unit_command(systemd / "slurmd.service.d/gpufleet-startup.conf", "ExecStartPre")
     assert env == {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "SLURM_CONF": str(lab.conf)}
     env["PATH"] = lab.env.get("PATH", env["PATH"])  # the 24.11 lane puts its wrappers first
 
-    proc = subprocess.run(start, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(start, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 1, proc.stderr
     state, reason = lab.wait_for(name, drained)
     assert reason == "gpufleet: startup 20-gpu-firmware.sh"
-    assert subprocess.run(gate, env=env, capture_output=True, text=True, timeout=60).returncode == 0
+    assert subprocess.run(gate, env=env, capture_output=True, text=True, timeout=60, check=False).returncode == 0
     report = json.loads((root / "var/lib/gpufleet/startup/last-run.json").read_text())
     assert report["runner"].startswith(str(root / "opt/gpufleet/lib/"))
     assert report["scripts"][-1]["output_tail"] == ["firmware mismatch"]
 
     fixed = dict(failing, content="#!/usr/bin/env bash\necho 'firmware ok'\n")
     apply_role(tmp_path, monkeypatch, dict(extravars, startup_scripts_scripts=[fixed]))
-    proc = subprocess.run(start, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(start, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     lab.wait_for(name, "idle")

@@ -41,7 +41,8 @@ def test_role_twice_is_unchanged_and_units_verify(tmp_path, monkeypatch):
     assert analyze, "systemd-analyze is missing (Debian package systemd)"
     env = dict(os.environ, SYSTEMD_UNIT_PATH=f"{systemd}:", SYSTEMD_LOG_LEVEL="notice")
     for target in (str(systemd / "gpufleet-startup.service"), "slurmd.service"):
-        proc = subprocess.run([analyze, "verify", target], env=env, capture_output=True, text=True, timeout=60)
+        proc = subprocess.run([analyze, "verify", target], env=env, capture_output=True, text=True, timeout=60,
+                              check=False)
         assert proc.returncode == 0 and proc.stderr.strip() == "", f"{target}: {proc.stdout}{proc.stderr}"
 
 
@@ -53,8 +54,8 @@ def test_installed_runner_runs_from_the_copy(tmp_path, monkeypatch):
     cmd = [extravars["startup_scripts_bin_path"], "run", "--scripts-dir", extravars["startup_scripts_dir"],
            "--state-dir", extravars["startup_scripts_state_dir"], "--role", "worker", "--json", "-"]
     clean_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(REPO / "collections")}
-    for _ in range(2):
-        proc = subprocess.run(cmd, env=clean_env, capture_output=True, text=True, timeout=120)
+    for _unused in range(2):
+        proc = subprocess.run(cmd, env=clean_env, capture_output=True, text=True, timeout=120, check=False)
         assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["runner"] == str(
@@ -66,7 +67,7 @@ def test_installed_runner_runs_from_the_copy(tmp_path, monkeypatch):
     assert worker["output_tail"] == ["worker lab"]
     gate = subprocess.run([extravars["startup_scripts_bin_path"], "gate", "--state-dir",
                            extravars["startup_scripts_state_dir"]], env=clean_env, capture_output=True, text=True,
-                          timeout=60)
+                          timeout=60, check=False)
     assert gate.returncode == 0, gate.stderr
 
 
@@ -81,7 +82,7 @@ def test_bad_node_role_fails_clearly(tmp_path, monkeypatch, bad):
         private_data_dir=str(pdd), playbook="site.yml", quiet=True,
         extravars=role_vars(tmp_path / "root", startup_scripts_node_role=bad),
         inventory={"all": {"hosts": {"node": {"ansible_connection": "local",
-                                               "ansible_python_interpreter": sys.executable}}}},
+                                              "ansible_python_interpreter": sys.executable}}}},
         envvars={"ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections")},
     )
     assert r.status == "failed"

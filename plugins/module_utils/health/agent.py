@@ -300,7 +300,7 @@ def _nvidia_smi_xml(deadline: float) -> Optional[str]:
     if not exe:
         return None
     try:
-        p = subprocess.run([exe, "-q", "-x"], capture_output=True, text=True, timeout=deadline)
+        p = subprocess.run([exe, "-q", "-x"], capture_output=True, text=True, timeout=deadline, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return p.stdout if p.returncode == 0 else None
@@ -321,7 +321,7 @@ def table(report: Report, node: str, notes: List[str], slurm: Optional[Dict[str,
         out.append(f"note: {n}")
     if slurm and slurm.get("action") != "none":
         out.append(f"slurm: {slurm['action']} {slurm['node']}" + (f" ({slurm.get('detail')})"
-                                                                   if slurm.get("detail") else ""))
+                                                                  if slurm.get("detail") else ""))
     return "\n".join(out)
 
 
@@ -401,4 +401,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover - python -m ...health.agent (how the role's wrapper runs it)
-    sys.exit(main())
+    raise SystemExit(main())

@@ -190,7 +190,7 @@ def _parse_line(line: str, pending_fob, boot_id, boot_time):
             return stamp(KernelEvent(kind="fallen_off_bus", raw=line, xid=79, pci=normalize_pci(m.group("pci")),
                                      message="GPU has fallen off the bus (no Xid line)"), body[:m.start()]), None
         if pending_fob is not None:
-            pci, first, prefix, _ = pending_fob
+            pci, first, prefix, _unused = pending_fob
             return stamp(KernelEvent(kind="fallen_off_bus", raw=first + "\n" + line, xid=79, pci=pci,
                                      message="GPU has fallen off the bus (no Xid line)"), prefix), None
         return stamp(KernelEvent(kind="fallen_off_bus", raw=line, xid=79, pci=None,

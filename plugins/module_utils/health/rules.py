@@ -463,7 +463,7 @@ def _ev_lines(evs: List[KernelEvent]) -> List[str]:
     if len(evs) <= _EVIDENCE_MAX:
         return [e.raw[:400] for e in evs]
     return [e.raw[:400] for e in evs[:_EVIDENCE_MAX - 1]] + [f"... {len(evs) - _EVIDENCE_MAX} more ...",
-                                                            evs[-1].raw[:400]]
+                                                             evs[-1].raw[:400]]
 
 
 def _xid_finding(ctx: Ctx, pci, code: int, bursts: List[List[KernelEvent]], codes_here: set, gpu,

@@ -174,7 +174,7 @@ def _build_gpu(index: int, raw: Dict[str, str], lost: bool, lost_where: Optional
                                               if k.startswith("fabric_health:")) if v is not None}
     if lost_where:
         g.lost = True
-        g.probe_errors.update({k: v for k, v in lost_where[:8]})
+        g.probe_errors.update(dict(lost_where[:8]))
     else:
         lost_fields = sorted(k for k, v in raw.items() if _is_lost(v))
         if lost_fields:
@@ -378,7 +378,7 @@ def _text_gpu(lines: List[str], pci: str) -> Tuple[Dict[str, str], bool]:
         indent, key, value = len(m.group(1)), m.group(2).strip(), m.group(3)
         while stack and stack[-1][0] >= indent:
             stack.pop()
-        path = tuple(k for _, k in stack) + (key,)
+        path = tuple(k for _indent, k in stack) + (key,)
         stack.append((indent, key))
         if value is None:
             continue

@@ -397,8 +397,8 @@ class Runner:
             report["slurm"] = self._slurm(failed)
             sl = report["slurm"]
             self.log.emit("slurm {}: {}{}{}".format(args.node, sl["action"],
-                                                " ({})".format(sl["reason"]) if sl["reason"] else "",
-                                                ", error: {}".format(sl["error"]) if sl["error"] else ""),
+                                                    " ({})".format(sl["reason"]) if sl["reason"] else "",
+                                                    ", error: {}".format(sl["error"]) if sl["error"] else ""),
                           priority=3 if sl["error"] else 6, event="slurm", action=sl["action"])
         report["ended"] = _now()
         self.log.emit("run end: %s" % ("ok" if failed is None else f"FAILED at {failed}"),

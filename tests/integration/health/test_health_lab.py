@@ -75,7 +75,7 @@ def test_healthy_nodes_stay_idle(lab, hook):
     interval = healthcheck_interval(lab)
     for node in lab.nodes:
         wait_runs(hook, node, 2, 3 * interval + 10)
-    assert all(s == "idle" for s, _ in lab.node_states().values()), lab.node_states()
+    assert all(s == "idle" for s, _reason in lab.node_states().values()), lab.node_states()
     last = json.loads((hook / f"{lab.nodes[0]}.last.json").read_text())
     assert last["verdict"] == "healthy" and last["slurm"]["action"] == "none"
 

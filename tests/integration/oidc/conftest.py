@@ -1,5 +1,5 @@
 """Fixtures of the OIDC integration tests; the helpers live in oidclab.py (a unique module name)."""
-from oidclab import (  # noqa: F401 - pytest fixtures
+from oidclab import (
     idp_factory,
     local_users,
     module_idp,
@@ -7,3 +7,6 @@ from oidclab import (  # noqa: F401 - pytest fixtures
     run_sshd_dir,
     sshd_factory,
 )
+
+# Re-exported so that pytest finds these fixtures in this directory's conftest.
+__all__ = ["idp_factory", "local_users", "module_idp", "pam_env", "run_sshd_dir", "sshd_factory"]

@@ -165,10 +165,10 @@ def approve(verification_uri_complete: str, account: str, deny: bool = False) ->
         url, page = b.go(action, fields)
         return "aborted"
     url, page = b.go(action, fields)  # -> /interaction/<uid> login
-    action, _ = _form(page, url)
+    action, _fields = _form(page, url)
     url, page = b.go(action, {"prompt": "login", "login": account, "password": "any"})
     if 'name="prompt" value="consent"' in page:
-        action, _ = _form(page, url)
+        action, _fields = _form(page, url)
         url, page = b.go(action, {"prompt": "consent"})
     title = re.search(r"<title>([^<]*)</title>", page)
     return title.group(1) if title else page[:200]
@@ -209,7 +209,7 @@ def real_token(issuer: str, account: str, tmp: Path, kind: str = "access_token",
 
 # ---------------------------------------------------------------- PAM / users
 def _run(*cmd: str) -> subprocess.CompletedProcess:
-    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=60)
+    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=60, check=False)
 
 
 @pytest.fixture(scope="session")
@@ -285,7 +285,7 @@ def converse(proc: subprocess.Popen, answer_fn, timeout: float, is_prompt=None) 
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
-            r, _, _ = select.select([fd], [], [], 0.2)
+            r, _wready, _xready = select.select([fd], [], [], 0.2)
             if r:
                 chunk = os.read(fd, 65536)
                 if not chunk:

@@ -52,7 +52,7 @@ def _apply_role(root: Path, issuer: str) -> subprocess.CompletedProcess:
     (root / "play.yml").write_text(yaml.safe_dump(play))
     (root / "vars.json").write_text(json.dumps(extra))
     return subprocess.run([str(PLAYBOOK), "-i", "localhost,", str(root / "play.yml"), "-e", f"@{root / 'vars.json'}"],
-                          capture_output=True, text=True, timeout=300, cwd=str(REPO))
+                          capture_output=True, text=True, timeout=300, cwd=str(REPO), check=False)
 
 
 def _lab(cmd: str, jwks: Path | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -60,7 +60,8 @@ def _lab(cmd: str, jwks: Path | None = None, timeout: float = 900) -> subprocess
                SLURM_LAB_HEALTHCHECK_INTERVAL="0", SLURM_LAB_RELEASE=RELEASE)
     if jwks:
         env["SLURM_LAB_JWKS"] = str(jwks)
-    return subprocess.run(["bash", str(LAB_SCRIPT), cmd], env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(["bash", str(LAB_SCRIPT), cmd], env=env, capture_output=True, text=True, timeout=timeout,
+                          check=False)
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +116,7 @@ def test_slurmrestd_accepts_idp_token_and_rejects_forged(jwt_lab, module_idp, lo
     # the same IdP key, the same claims, still rejected (see docs/oidc.md).
     at = real_token(module_idp.issuer, ALICE, tmp_path)
     assert json.loads(__import__("base64").urlsafe_b64decode(at.split(".")[0] + "=="))["typ"] == "at+jwt"
-    status, _ = _rest(port, ALICE, at)
+    status, _body = _rest(port, ALICE, at)
     assert status != 200
     priv = json.loads(module_idp.jwks_path.read_text())
     plain = sign(priv, claims_for(module_idp.issuer, "urn:gpufleet:ssh", user=ALICE, sun=ALICE), "rs-1",
@@ -129,14 +130,14 @@ def test_slurmrestd_accepts_idp_token_and_rejects_forged(jwt_lab, module_idp, lo
 
     # alice's ID token presented under another user name
     mark = len(log_path.read_text(errors="replace"))
-    status, _ = _rest(port, DAVE, idt)
+    status, _body = _rest(port, DAVE, idt)
     assert status != 200
     assert "alternate user" in new_log(mark)
     # forged: right kid, typ JWT, signed with another key
     mark = len(log_path.read_text(errors="replace"))
     forged = sign(make_private_jwks(3), claims_for(module_idp.issuer, "urn:gpufleet:ssh", user=ALICE, sun=ALICE),
                   "rs-3", header={"kid": "rs-1", "typ": "JWT"})
-    status, _ = _rest(port, ALICE, forged)
+    status, _body = _rest(port, ALICE, forged)
     assert status != 200
     text = new_log(mark)
     assert "could not find matching kid or decode failed" in text or "failed to verify jwt" in text
@@ -145,7 +146,7 @@ def test_slurmrestd_accepts_idp_token_and_rejects_forged(jwt_lab, module_idp, lo
     now = int(time.time())
     expired = sign(priv, claims_for(module_idp.issuer, "urn:gpufleet:ssh", user=ALICE, sun=ALICE, exp=now - 60,
                                     iat=now - 700), "rs-1", header={"typ": "JWT"})
-    status, _ = _rest(port, ALICE, expired)
+    status, _body = _rest(port, ALICE, expired)
     assert status != 200
     assert "token expired" in new_log(mark)
 
@@ -153,15 +154,15 @@ def test_slurmrestd_accepts_idp_token_and_rejects_forged(jwt_lab, module_idp, lo
 def test_refresh_timer_script(jwt_lab):
     root, _port = jwt_lab
     script = root / "sbin/gpufleet-slurm-jwks-refresh"
-    assert subprocess.run(["shellcheck", str(script)], capture_output=True).returncode == 0
+    assert subprocess.run(["shellcheck", str(script)], capture_output=True, check=False).returncode == 0
     timer = (root / "systemd/gpufleet-slurm-jwks.timer").read_text()
     assert "OnUnitActiveSec=1h" in timer
-    r = subprocess.run([str(script)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([str(script)], capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 0 and "keys unchanged" in r.stdout, r.stdout + r.stderr
     jwks = root / "etc/slurm/jwks.json"
     before = jwks.read_text()
     jwks.unlink()
-    r = subprocess.run([str(script)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([str(script)], capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 0 and "keys changed" in r.stdout, r.stdout + r.stderr  # and scontrol reconfigure ran
     assert json.loads(jwks.read_text()) == json.loads(before)
     assert oct(os.stat(jwks).st_mode & 0o777) == "0o400"

@@ -103,7 +103,7 @@ def report(lab: Path, node: str, drain: bool = False) -> dict:
         argv.append("--slurm")
     env = dict(os.environ, SLURM_CONF=str(lab / "etc" / "slurm.conf"))
     env["PATH"] = env.get("PATH", "") + ":/usr/sbin:/usr/bin:/sbin:/bin"
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
     try:
         data = json.loads(proc.stdout)
     except ValueError:

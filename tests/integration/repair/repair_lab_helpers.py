@@ -170,7 +170,7 @@ class RepairLab:
     def until(self, pred, runs=5, **kw):
         """Run the playbook until ``pred()`` holds (at most ``runs`` times); returns the artifacts of each run."""
         seen = []
-        for _ in range(runs):
+        for _unused in range(runs):
             _r, art = self.run(**kw)
             seen.append(art)
             if pred():

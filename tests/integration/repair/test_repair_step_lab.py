@@ -23,9 +23,9 @@ def step(args, check=False):
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"), ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
                ANSIBLE_PYTHON_INTERPRETER=sys.executable, ANSIBLE_LOCALHOST_WARNING="False",
                ANSIBLE_INVENTORY_UNPARSED_WARNING="False")
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=120, check=False)
     line = proc.stdout.strip().splitlines()[-1]
-    status, _, payload = line.partition(" => ")
+    status, _sep, payload = line.partition(" => ")
     return "FAILED" not in status, json.loads(payload)
 
 

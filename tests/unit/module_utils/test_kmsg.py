@@ -19,9 +19,9 @@ def test_dev_kmsg_cursor():
     assert all(int(r.split(",")[1]) > cursor["seq"] for r in again)
     assert cursor2["seq"] >= cursor["seq"]
     # a cursor from another boot reads the whole buffer again
-    other, _ = kmsg.read_dev_kmsg(cursor={"boot_id": "another-boot", "seq": 10 ** 9})
+    other, _other_cursor = kmsg.read_dev_kmsg(cursor={"boot_id": "another-boot", "seq": 10 ** 9})
     assert len(other) >= len(records)
-    events, _ = kmsg.live_events()
+    events, _live_cursor = kmsg.live_events()
     assert isinstance(events, list)
 
 

@@ -28,7 +28,7 @@ def test_ib_ports(tmp_path):
         (d / "link_layer").write_text("InfiniBand\n")
     ports = nodeinfo.ib_ports(str(tmp_path))
     assert [(p.name, p.state, p.rate_gbps) for p in ports] == [("mlx5_0/1", "ACTIVE", 400.0),
-                                                              ("mlx5_1/1", "DOWN", 10.0)]
+                                                               ("mlx5_1/1", "DOWN", 10.0)]
     r = judge(Snapshot(ib_ports=ports), [], now=0)
     assert (r.verdict, r.code) == ("unhealthy", "ib_down")
     r = judge(Snapshot(ib_ports=ports[:1]), [], config={"thresholds": {"ib_min_rate_gbps": 800}}, now=0)

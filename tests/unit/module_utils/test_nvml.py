@@ -55,7 +55,7 @@ def test_not_supported_is_skip_not_failure():
 
 def test_gpu_lost_mid_probe_is_unhealthy_with_evidence():
     snap = nvml.probe_with_deadline(20, fake_nvml={"devices": [{"index": 5, "fail": {"mode": "lost",
-                                                                                      "after_calls": 6}}]})
+                                                                                     "after_calls": 6}}]})
     assert snap.probe_status == "partial"
     g = snap.gpus[5]
     assert g.lost and g.name  # some calls answered before the GPU went away

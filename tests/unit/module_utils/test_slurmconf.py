@@ -156,7 +156,7 @@ def test_remove_one_of_several_pairs_on_a_line():
     assert c.remove("SlurmctldTimeout")
     assert "\nMessageTimeout=20\n" in c.render()
     assert c.remove("MessageTimeout")
-    assert "MessageTimeout" not in c.render() and "Timeout" not in c.render().split("#")[0]
+    assert "MessageTimeout" not in c.render() and "Timeout" not in c.render().split("#", maxsplit=1)[0]
     assert c.remove("MessageTimeout") is False
 
 
@@ -472,7 +472,7 @@ GOOD_LINES = st.lists(st.one_of(
     st.sampled_from(["# comment", "", "ClusterName=lab", "HealthCheckInterval = 5  # c", "Include /x.conf",
                      "SlurmdTimeout=30 MessageTimeout=10", "SchedulerParameters=a,\\", "b=1",
                      "NodeName=n[1-2] CPUs=4 \\", "  RealMemory=100", 'PartitionName=p Nodes=ALL Feature="x y"']),
-), max_size=12).map(lambda lines: "\n".join(lines))
+), max_size=12).map("\n".join)
 EDITS = st.lists(st.one_of(
     st.tuples(st.just("set"), st.sampled_from(["HealthCheckInterval", "ClusterName", "messagetimeout", "X_1"]),
               st.text(alphabet="abc0123 ,:/", min_size=1, max_size=6)),

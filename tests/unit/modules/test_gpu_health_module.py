@@ -87,7 +87,7 @@ def _play(tmp_path, monkeypatch, tasks, cmdline=""):
     r = ansible_runner.run(
         private_data_dir=str(pdd), playbook="play.yml", quiet=True, cmdline=cmdline,
         inventory={"all": {"hosts": {"localhost": {"ansible_connection": "local",
-                                                    "ansible_python_interpreter": sys.executable}}}},
+                                                   "ansible_python_interpreter": sys.executable}}}},
         envvars={"ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections")},
     )
     results = [e["event_data"]["res"] for e in r.events if e["event"] in ("runner_on_ok", "runner_on_failed")]

@@ -189,7 +189,7 @@ def _play(tmp_path, monkeypatch, tasks, cmdline=""):
     r = ansible_runner.run(
         private_data_dir=str(pdd), playbook="play.yml", quiet=True, cmdline=cmdline,
         inventory={"all": {"hosts": {"localhost": {"ansible_connection": "local",
-                                                    "ansible_python_interpreter": sys.executable}}}},
+                                                   "ansible_python_interpreter": sys.executable}}}},
         envvars={"ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections")},
     )
     results = [e["event_data"]["res"] for e in r.events if e["event"] in ("runner_on_ok", "runner_on_failed")]
@@ -198,7 +198,7 @@ def _play(tmp_path, monkeypatch, tasks, cmdline=""):
 
 def test_check_mode_and_diff_through_ansible_playbook(tmp_path, monkeypatch, conf):
     task = {"name": "profile", MODULE: {"path": str(conf), "settings": {"HealthCheckInterval": 300,
-                                                                       "RebootProgram": "/usr/sbin/reboot"}}}
+                                                                        "RebootProgram": "/usr/sbin/reboot"}}}
     r, results = _play(tmp_path, monkeypatch, [task], cmdline="--check --diff")
     assert r.status == "successful", results
     assert results[0]["changed"] is True and results[0]["reconfigure_needed"] is True

@@ -33,5 +33,5 @@ def test_unkillable_only_while_drained_or_down():
         "y": Node("y", state="idle", reason="Kill task failed"),  # resumed since (24.11 keeps the reason)
         "z": Node("z", state="down", reason="Kill task failed: step 7.0"),
     }
-    stuck, _ = find_stuck(nodes, {}, NOW, 600, ["Kill task failed"])
+    stuck, _completing = find_stuck(nodes, {}, NOW, 600, ["Kill task failed"])
     assert [(s["node"], s["kind"]) for s in stuck] == [("x", "unkillable"), ("z", "unkillable")]

@@ -41,8 +41,3 @@ def blocks(name: str):
         elif cur is not None and not line.startswith("#"):
             cur[1].append(line)
     return [(src, "\n".join(body) + "\n") for src, body in out]
-
-
-
-
-

@@ -32,7 +32,7 @@ def run_main(capsys, *argv):
 ])
 def test_exit_code_follows_verdict(capsys, args, rc, code):
     args = [str(GPU_FIXTURES / a) if a.endswith((".xml", ".txt", ".log")) else a for a in args]
-    got, out, _ = run_main(capsys, *args, "--json")
+    got, out, _err = run_main(capsys, *args, "--json")
     d = json.loads(out)
     assert got == rc and d["code"] == code
     assert d["verdict"] == ("healthy", "degraded", "unhealthy", "unknown")[rc]
@@ -42,15 +42,15 @@ def test_kmsg_replay_maps_pci_to_gpu_index(capsys, tmp_path):
     kmsg = tmp_path / "k.log"
     kmsg.write_text("[ 10.5] NVRM: Xid (PCI:0000:53:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off "
                     "the bus.\n")
-    rc, out, _ = run_main(capsys, "--nvidia-smi-xml", str(GPU_FIXTURES / "h100-8gpu-580.105.08-healthy.nvidia-smi"
-                                                                         "-q-x.xml"), "--kmsg", str(kmsg), "--json")
+    rc, out, _err = run_main(capsys, "--nvidia-smi-xml", str(GPU_FIXTURES / "h100-8gpu-580.105.08-healthy.nvidia-smi"
+                                                             "-q-x.xml"), "--kmsg", str(kmsg), "--json")
     d = json.loads(out)
     assert (rc, d["code"], d["gpu"], d["action"]) == (2, "xid79", 0, "reboot")
 
 
 def test_table_output(capsys):
     capture = GPU_FIXTURES / "h100-8gpu-535.183.01-gpu2-sw-power-cap-power-brake.nvidia-smi-q.txt"
-    rc, out, _ = run_main(capsys, "--nvidia-smi-text", str(capture), "--kmsg", "-")
+    rc, out, _err = run_main(capsys, "--nvidia-smi-text", str(capture), "--kmsg", "-")
     assert rc == 1
     assert out.splitlines()[0].endswith("degraded: hw_power_brake on gpu 2 (hw power brake slowdown active "
                                         "(escalates if it persists)) -> monitor")
@@ -60,7 +60,7 @@ def test_table_output(capsys):
 def test_hung_fake_nvml_gives_unknown(capsys, tmp_path):
     fake = tmp_path / "hang.json"
     fake.write_text(json.dumps({"hang": {"call": "nvmlDeviceGetCount", "seconds": 3600}}))
-    rc, out, _ = run_main(capsys, "--fake-nvml", str(fake), "--kmsg", "-", "--deadline", "1", "--json")
+    rc, out, _err = run_main(capsys, "--fake-nvml", str(fake), "--kmsg", "-", "--deadline", "1", "--json")
     d = json.loads(out)
     assert (rc, d["verdict"], d["code"]) == (3, "unknown", "probe_timeout")
     assert d["probe"]["status"] == "timeout"
@@ -69,14 +69,15 @@ def test_hung_fake_nvml_gives_unknown(capsys, tmp_path):
 def test_lost_gpu_mid_probe(capsys, tmp_path):
     fake = tmp_path / "lost.json"
     fake.write_text(json.dumps({"devices": [{"index": 6, "fail": {"mode": "lost", "after_calls": 8}}]}))
-    rc, out, _ = run_main(capsys, "--fake-nvml", str(fake), "--kmsg", "-", "--expected-gpus", "8", "--json")
+    rc, out, _err = run_main(capsys, "--fake-nvml", str(fake), "--kmsg", "-", "--expected-gpus", "8", "--json")
     d = json.loads(out)
     assert (rc, d["code"], d["gpu"]) == (2, "gpu_lost", 6)
     assert "NVMLError_GpuIsLost" in d["findings"][0]["evidence"][0]
 
 
 def _promtool(path):
-    return subprocess.run(["promtool", "check", "metrics"], stdin=open(path, "rb"), capture_output=True, text=True)
+    return subprocess.run(["promtool", "check", "metrics"], stdin=open(path, "rb"), capture_output=True, text=True,
+                          check=False)
 
 
 @pytest.mark.parametrize("fake", [{}, {"devices": [{"index": 1, "fail": {"mode": "lost", "after_calls": 5}},
@@ -92,7 +93,7 @@ def test_textfile_passes_promtool(capsys, tmp_path, fake):
     p = _promtool(prom)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "gpufleet_health_verdict{" in text and "gpufleet_health_last_run_timestamp_seconds{" in text
-    assert [x for x in os.listdir(out_dir)] == [agent.PROM_FILE]  # atomic: no temp files left
+    assert list(os.listdir(out_dir)) == [agent.PROM_FILE]  # atomic: no temp files left
     if fake.get("devices"):
         assert 'gpufleet_gpu_lost{node="' in text and 'code="gpu_lost"' in text
 
@@ -104,7 +105,7 @@ def test_record_and_replay(capsys, tmp_path):
     kmsg.write_text("[ 5.0] NVRM: Xid (PCI:0000:48:00): 63, pid=1, Row Remapper: New row marked for remapping, "
                     "reset gpu to activate.\n")
     rec = tmp_path / "rec"
-    rc, out, _ = run_main(capsys, "--fake-nvml", str(f), "--kmsg", str(kmsg), "--record", str(rec), "--json")
+    rc, out, _err = run_main(capsys, "--fake-nvml", str(f), "--kmsg", str(kmsg), "--record", str(rec), "--json")
     d = json.loads(out)
     assert rc == 2 and d["code"] == "row_remap_pending" and d["gpu"] == 3
     (case,) = list(rec.iterdir())
@@ -112,7 +113,7 @@ def test_record_and_replay(capsys, tmp_path):
     assert names == ["fake-nvml.json", "kmsg.log", "report.json", "snapshot.json"]
     assert (case / "kmsg.log").read_text().splitlines()[2] == "# ---- verbatim below this line ----"
     for replay in (["--snapshot-json", str(case / "snapshot.json")], ["--fake-nvml", str(case / "fake-nvml.json")]):
-        rc2, out2, _ = run_main(capsys, *replay, "--kmsg", str(case / "kmsg.log"), "--json")
+        rc2, out2, _err = run_main(capsys, *replay, "--kmsg", str(case / "kmsg.log"), "--json")
         d2 = json.loads(out2)
         assert (rc2, d2["code"], d2["gpu"]) == (2, "row_remap_pending", 3)
         assert any(x["code"] == "xid63" and x["gpu"] == 3 for x in d2["findings"])
@@ -122,7 +123,7 @@ def test_report_file(capsys, tmp_path):
     f = tmp_path / "fake.json"
     f.write_text(json.dumps({"devices": [{"index": 1, "recovery_action": 2}]}))
     out = tmp_path / "reports" / "node1.json"
-    rc, stdout, _ = run_main(capsys, "--fake-nvml", str(f), "--kmsg", "-", "--report-file", str(out), "--node", "n1")
+    rc, stdout, _err = run_main(capsys, "--fake-nvml", str(f), "--kmsg", "-", "--report-file", str(out), "--node", "n1")
     d = json.loads(out.read_text())
     assert rc == 2 and (d["code"], d["gpu"], d["action"], d["node"]) == ("recovery_action", 1, "reboot", "n1")
     assert "SEVERITY" in stdout  # the table still goes to stdout
@@ -135,8 +136,8 @@ def test_state_file_carries_rates(capsys, tmp_path):
     assert run_main(capsys, "--fake-nvml", str(f), "--kmsg", "-", "--state-file", str(state), "--now", "1000")[0] == 0
     assert json.loads(state.read_text())["version"] == 1
     f.write_text(json.dumps({"device_defaults": {"pcie_replay": 10000}}))
-    rc, out, _ = run_main(capsys, "--fake-nvml", str(f), "--kmsg", "-", "--state-file", str(state), "--now", "1060",
-                          "--json")
+    rc, out, _err = run_main(capsys, "--fake-nvml", str(f), "--kmsg", "-", "--state-file", str(state), "--now", "1060",
+                             "--json")
     assert rc == 1 and json.loads(out)["code"] == "pcie_replay"
 
 
@@ -150,14 +151,15 @@ def test_live_kmsg_cursor_in_state(capsys, tmp_path):
 
 
 def test_bad_input_exits_64_naming_the_flag(capsys, tmp_path):
-    rc, _, err = run_main(capsys, "--nvidia-smi-xml", str(tmp_path / "missing.xml"))
+    rc, _out, err = run_main(capsys, "--nvidia-smi-xml", str(tmp_path / "missing.xml"))
     assert rc == 64 and "--nvidia-smi-xml: cannot read" in err
     bad = tmp_path / "cfg.json"
     bad.write_text(json.dumps({"thresholds": {"nope": 1}}))
-    rc, _, err = run_main(capsys, "--fake-nvml", str(bad), "--kmsg", "-")
+    rc, _out, err = run_main(capsys, "--fake-nvml", str(bad), "--kmsg", "-")
     assert rc == 64 and "--fake-nvml" in err and "unknown key" in err
-    rc, _, err = run_main(capsys, "--nvidia-smi-xml", str(GPU_FIXTURES / "a100-sxm4-40gb-570.148.08-healthy.nvidia-smi-"
-                                                                          "q-x.xml"), "--config", str(bad))
+    rc, _out, err = run_main(capsys, "--nvidia-smi-xml",
+                             str(GPU_FIXTURES / "a100-sxm4-40gb-570.148.08-healthy.nvidia-smi-q-x.xml"),
+                             "--config", str(bad))
     assert rc == 64 and "thresholds.nope" in err
     assert agent.main([]) == 64
 
@@ -168,7 +170,8 @@ def test_empty_environment(tmp_path):
     f.write_text(json.dumps({"devices": [{"index": 0, "fail": {"mode": "lost"}}]}))
     env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     p = subprocess.run([*AGENT, "check", "--fake-nvml", str(f), "--kmsg", "-", "--json", "--slurm",
-                        "--node", "no-such-node-gpufleet"], env=env, capture_output=True, text=True, timeout=120)
+                        "--node", "no-such-node-gpufleet"], env=env, capture_output=True, text=True, timeout=120,
+                       check=False)
     assert p.returncode == 2, p.stderr
     d = json.loads(p.stdout)
     assert d["slurm"]["action"] == "error"

@@ -18,7 +18,6 @@ from oidc_forge import AUD, ISSUER, make_private_jwks, public_jwks  # noqa: E402
 # collection finder after conftest files load, and a half-imported package confuses it.
 
 
-
 @pytest.fixture(scope="session")
 def private_jwks():
     return make_private_jwks(1)

@@ -60,5 +60,3 @@ def hist(cls="gpu_memory", code="xid48", t0=NOW - H, steps=(), repairs=None, pas
     h.past = [(int(t), c) for t, c in past]
     h.cooldown_until = cooldown
     return dumps(h)
-
-

@@ -297,7 +297,7 @@ BLAST_ROWS = [
     ("min_healthy blocks everything below the floor", fleet(unavailable=4), [ready("n1")],
      {"max_unavailable": 8, "min_healthy": "51%"}, {"n1": "hold"}),
     ("rack limit", fleet(unavailable=2, racks={"r1": (4, 2), "r2": (4, 0)}), [ready("n1"), ready("n2"),
-                                                                             ready("n3", rack="r2")],
+                                                                              ready("n3", rack="r2")],
      {"max_unavailable": 8, "domains": {"rack": 1}}, {"n1": "reset_gpu", "n2": "hold", "n3": "reset_gpu"}),
     ("rack drain limit", fleet(unavailable=1, racks={"r1": (4, 1)}), [in_service("n1", history=hist(t0=NOW - H))],
      {"max_unavailable": 8, "domains": {"rack": 1}}, {"n1": "hold"}),
@@ -450,7 +450,7 @@ OWN_ROWS = [
                                                               history=hist(steps=[("reboot", NOW - 60, None)])),
      "wait", "in_progress"),
     ("step pending, no fresh report yet", node(report_time=NOW - 120, history=hist(steps=[("reset_gpu", NOW - 60,
-                                                                                            None)])),
+                                                                                           None)])),
      "wait", "in_progress"),
     ("step pending, fresh healthy report verifies it", node(rep=HEALTHY, report_time=NOW - 10,
                                                             history=hist(steps=[("reset_gpu", NOW - 60, None)])),
@@ -519,7 +519,7 @@ def test_incident_walk_is_reproducible_from_history():
     history = None
     seen = []
     rep = report(code="xid48", action="reset_gpu")
-    for _ in range(8):
+    for _unused in range(8):
         n = node(rep=rep, reason_time=NOW, history=history, report_time=t)
         p = plan(fleet(unavailable=1), [n], cfg(), t)
         d = p[0]
