@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright (c) gpufleet.reliability contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Per-host cost of a no-op gpufleet.reliability.slurm_node task versus ansible.builtin.ping.
@@ -32,7 +31,7 @@ def lab_env():
     env = {}
     for line in out.splitlines():
         if line.startswith("export "):
-            k, _, v = line[7:].partition("=")
+            k, _sep, v = line[7:].partition("=")
             env[k] = v.replace("$PATH", os.environ["PATH"])
     return env
 
@@ -88,7 +87,7 @@ def run_play(workdir, play, hosts, nodes, forks, env):
     pb.write_text(PLAYS[play].replace("{nodes}", str(nodes)))
     t0 = time.perf_counter()
     p = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inv), str(pb), "-f", str(forks)],
-                       env=env, capture_output=True, text=True, cwd=REPO)
+                       env=env, capture_output=True, text=True, cwd=REPO, check=False)
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
@@ -104,7 +103,7 @@ def main():
     args = ap.parse_args()
 
     nodes = int(os.environ.get("SLURM_LAB_NODES", "4"))
-    was_running = subprocess.run(["bash", str(LAB), "status"], capture_output=True).returncode == 0
+    was_running = subprocess.run(["bash", str(LAB), "status"], capture_output=True, check=False).returncode == 0
     subprocess.run(["bash", str(LAB), "start"], check=True, capture_output=True)
     try:
         env = dict(os.environ)
@@ -114,7 +113,7 @@ def main():
                    ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_DEPRECATION_WARNINGS="False")
         # resume anything a previous run left drained, so that the slurm_node task is a no-op
         subprocess.run(["scontrol", "update", f"NodeName=node[1-{nodes}]", "State=RESUME"], env=env,
-                       capture_output=True)
+                       capture_output=True, check=False)
         subprocess.run(["bash", str(LAB), "wait"], check=True, capture_output=True)
         time.sleep(2)  # 'idle*' right after RESUME would make the no-op task see a transient state
         with tempfile.TemporaryDirectory(prefix="bench-slurm-node-") as tmp:
@@ -123,12 +122,12 @@ def main():
             for play in ("ping", "slurm_node"):
                 for n in (1, args.hosts):
                     res[(play, n)] = statistics.median(
-                        run_play(work, play, n, nodes, args.forks, env) for _ in range(args.repeat))
+                        run_play(work, play, n, nodes, args.forks, env) for _rep in range(args.repeat))
             batched = statistics.median(
-                run_play(work, "slurm_node_batched", args.hosts, nodes, args.forks, env) for _ in range(args.repeat))
+                run_play(work, "slurm_node_batched", args.hosts, nodes, args.forks, env) for _rep in range(args.repeat))
     finally:
         if not was_running:
-            subprocess.run(["bash", str(LAB), "stop"], capture_output=True)
+            subprocess.run(["bash", str(LAB), "stop"], capture_output=True, check=False)
 
     h = args.hosts
     per = {play: (res[(play, h)] - res[(play, 1)]) / (h - 1) for play in ("ping", "slurm_node")}

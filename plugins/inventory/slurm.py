@@ -106,6 +106,7 @@ cache_plugin: ansible.builtin.jsonfile
 cache_connection: /tmp/slurm-inventory-cache
 cache_timeout: 60
 
+---
 # awx.slurm.yml: from an AWX execution environment, through slurmrestd
 plugin: gpufleet.reliability.slurm
 source: rest

@@ -55,7 +55,7 @@ class SlurmLab:
         env["LC_ALL"] = "C"
         proc = subprocess.run(
             [str(a) for a in argv], env=env, capture_output=True, text=True, timeout=timeout, input=input
-        )
+, check=False)
         if check and proc.returncode != 0:
             raise LabError(f"{' '.join(map(str, argv))} failed rc={proc.returncode}: {proc.stderr.strip()}")
         return proc
@@ -66,7 +66,7 @@ class SlurmLab:
         env.update(extra_env or {})
         proc = subprocess.run(
             ["bash", str(self.script), command], env=env, capture_output=True, text=True, timeout=timeout
-        )
+, check=False)
         if check and proc.returncode != 0:
             raise LabError(f"slurm-lab.sh {command} failed rc={proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
         return proc
@@ -183,7 +183,7 @@ def _parse_env(output: str) -> dict:
         line = line.strip()
         if not line.startswith("export "):
             continue
-        key, _, value = line[len("export "):].partition("=")
+        key, _sep, value = line[len("export "):].partition("=")
         env[key] = value.replace("$PATH", os.environ.get("PATH", ""))
     return env
 

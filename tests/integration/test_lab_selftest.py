@@ -39,7 +39,7 @@ def test_reset_undoes_drain_and_down(lab):
     lab.run("scontrol", "update", f"NodeName={lab.nodes[1]}", "State=DOWN", "Reason=left over")
     assert lab.node_states()[lab.nodes[1]][0].startswith("down")
     lab.reset()
-    assert all(s == "idle" for s, _ in lab.node_states().values())
+    assert all(s == "idle" for s, _reason in lab.node_states().values())
 
 
 def test_reboot_restarts_that_slurmd(lab):
@@ -93,7 +93,7 @@ def test_stop_never_signals_unverified_pids(tmp_path):
         (lab_dir / "run" / "slurmd-node1.pid").write_text(f"{sleeper.pid}\n")
         env = dict(os.environ, SLURM_LAB_DIR=str(lab_dir), SLURM_LAB_PORT_BASE="16870", SLURM_LAB_NODES="1")
         proc = subprocess.run(["bash", str(LAB_SCRIPT), "stop"], env=env, capture_output=True, text=True,
-                              timeout=60)
+                              timeout=60, check=False)
         assert proc.returncode == 0, proc.stderr
         assert sleeper.poll() is None, "an unrelated process was signalled"
         assert os.path.isdir("/proc/1")
@@ -105,8 +105,8 @@ def test_stop_never_signals_unverified_pids(tmp_path):
 
 def test_bad_settings_are_refused(tmp_path):
     env = dict(os.environ, SLURM_LAB_DIR=str(tmp_path), SLURM_LAB_RELEASE="21.08")
-    proc = subprocess.run(["bash", str(LAB_SCRIPT), "status"], env=env, capture_output=True, text=True)
+    proc = subprocess.run(["bash", str(LAB_SCRIPT), "status"], env=env, capture_output=True, text=True, check=False)
     assert proc.returncode != 0 and "SLURM_LAB_RELEASE must be 22.05 or 24.11" in proc.stderr
     env = dict(os.environ, SLURM_LAB_DIR=str(tmp_path), SLURM_LAB_NODES="zero")
-    proc = subprocess.run(["bash", str(LAB_SCRIPT), "status"], env=env, capture_output=True, text=True)
+    proc = subprocess.run(["bash", str(LAB_SCRIPT), "status"], env=env, capture_output=True, text=True, check=False)
     assert proc.returncode != 0 and "SLURM_LAB_NODES" in proc.stderr

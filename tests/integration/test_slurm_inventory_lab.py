@@ -31,7 +31,7 @@ def plain(value):
 def inventory(path, *extra):
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"))
     p = subprocess.run([str(ANSIBLE_INVENTORY), "-i", str(path), "--list", *extra], env=env, capture_output=True,
-                       text=True, timeout=120)
+                       text=True, timeout=120, check=False)
     assert p.returncode == 0, p.stderr
     data = json.loads(p.stdout)
     groups = {g: set(v.get("hosts", [])) for g, v in data.items() if g not in ("_meta", "all")}
@@ -74,7 +74,7 @@ def test_groups_match_sinfo(lab, tmp_path):
                        "compose:\n  ansible_host: slurm_address\n"
                        "keyed_groups:\n  - key: slurm_gres | regex_replace('^gpu:([^:]+):.*$', '\\\\1')\n"
                        "    prefix: gpu_model\n")
-        groups, hostvars, _ = inventory(cfg)
+        groups, hostvars, _cache = inventory(cfg)
         want = expected_groups_from_sinfo(lab)
         slurm_groups = {g: h for g, h in groups.items() if g.startswith("slurm_") and h}
         assert slurm_groups == want
@@ -96,19 +96,19 @@ def test_cache_is_used_until_flushed(lab, tmp_path):
     cfg.write_text(f"plugin: gpufleet.reliability.slurm\nslurm_conf: {lab.conf}\ncache: true\n"
                    f"cache_plugin: ansible.builtin.jsonfile\ncache_connection: {tmp_path / 'cache'}\n"
                    "cache_timeout: 3600\n")
-    groups, _, _ = inventory(cfg)
+    groups, _hostvars, _cache = inventory(cfg)
     assert node in groups["slurm_state_idle"] and "slurm_state_drain" not in groups
     lab.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=gpufleet: cache test")
-    groups, _, _ = inventory(cfg)
+    groups, _hostvars, _cache = inventory(cfg)
     assert "slurm_state_drain" not in groups, "the cached inventory was not used"
-    groups, _, _ = inventory(cfg, "--flush-cache")
+    groups, _hostvars, _cache = inventory(cfg, "--flush-cache")
     assert groups["slurm_state_drain"] == {node} and groups["slurm_reason_gpufleet"] == {node}
 
 
 def test_node_filter_and_slurmctld_down(lab, tmp_path):
     cfg = tmp_path / "some.slurm.yml"
     cfg.write_text(f"plugin: gpufleet.reliability.slurm\nslurm_conf: {lab.conf}\nnodes: node[2-3]\n")
-    _, hostvars, _ = inventory(cfg)
+    _groups, hostvars, _cache = inventory(cfg)
     assert sorted(hostvars) == ["node2", "node3"]
     dead = lab.dir / "etc" / "unreachable-inventory-test.conf"
     dead.write_text(lab.conf.read_text().replace(f"SlurmctldPort={lab.port_base + 17}", "SlurmctldPort=1"))
@@ -116,7 +116,7 @@ def test_node_filter_and_slurmctld_down(lab, tmp_path):
     try:
         env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"))
         p = subprocess.run([str(ANSIBLE_INVENTORY), "-i", str(cfg), "--list"], env=env, capture_output=True,
-                           text=True, timeout=120)
+                           text=True, timeout=120, check=False)
     finally:
         dead.unlink()
     assert "slurmctld unreachable" in p.stderr

@@ -38,12 +38,14 @@ def rest_lab(tmp_path_factory):
     env = dict(os.environ, SLURM_LAB_PORT_BASE=str(BASE), SLURM_LAB_DIR=str(lab_dir), SLURM_LAB_NODES="2",
                SLURM_LAB_HEALTHCHECK_INTERVAL="0", SLURM_LAB_JWKS=str(jwks), SLURM_LAB_RELEASE=RELEASE)
     env.pop("SLURM_CONF", None)
-    p = subprocess.run(["bash", str(LAB_SCRIPT), "start"], env=env, capture_output=True, text=True, timeout=900)
+    p = subprocess.run(["bash", str(LAB_SCRIPT), "start"], env=env, capture_output=True, text=True, timeout=900,
+                       check=False)
     assert p.returncode == 0, p.stderr
     try:
         yield key, lab_dir, tmp
     finally:
-        subprocess.run(["bash", str(LAB_SCRIPT), "stop"], env=env, capture_output=True, text=True, timeout=300)
+        subprocess.run(["bash", str(LAB_SCRIPT), "stop"], env=env, capture_output=True, text=True, timeout=300,
+                       check=False)
 
 
 def token(key, user=USER, ttl=600):
@@ -56,7 +58,7 @@ def inventory(cfg, lab_dir=None):
     if lab_dir is not None and RELEASE == "24.11":  # this lab's chroot clients (slurm-lab.sh env)
         env["PATH"] = f"{lab_dir}/bin/wrap{os.pathsep}{env['PATH']}"
     return subprocess.run([str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(cfg), "--list"],
-                          env=env, capture_output=True, text=True, timeout=120)
+                          env=env, capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_rest_source_matches_cli_source(rest_lab):

@@ -196,8 +196,8 @@ def test_check_mode_changes_nothing_and_shows_the_diff(lab, tmp_path, monkeypatc
     assert not [c for c in drain["commands"] if c[:2] == ["scontrol", "update"]]
     assert lab.node_states()[node][0] == "idle"
     # and for real, twice: changed, then not
-    r, _ = run_play(lab, tmp_path / "real", monkeypatch, {"target": node}, "")
+    r, _out = run_play(lab, tmp_path / "real", monkeypatch, {"target": node}, "")
     assert r.status == "successful" and r.stats["changed"] == {"localhost": 1}
     assert lab.node_states()[node] == ("drained", "gpufleet: check mode")
-    r, _ = run_play(lab, tmp_path / "again", monkeypatch, {"target": node}, "")
+    r, _out = run_play(lab, tmp_path / "again", monkeypatch, {"target": node}, "")
     assert r.status == "successful" and r.stats.get("changed", {}).get("localhost", 0) == 0

@@ -53,7 +53,7 @@ def run_harden(tmp_path, monkeypatch, extravars, cmdline=""):
     r = ansible_runner.run(
         private_data_dir=str(pdd), playbook="play.yml", quiet=True, cmdline=cmdline,
         inventory={"all": {"hosts": {"localhost": {"ansible_connection": "local",
-                                                    "ansible_python_interpreter": sys.executable}}}},
+                                                   "ansible_python_interpreter": sys.executable}}}},
         extravars={"gpufleet_slurm_hosts": "localhost", "gpufleet_slurm_become": False, **extravars},
         envvars={"ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections")},
     )

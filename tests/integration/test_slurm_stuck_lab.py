@@ -52,7 +52,7 @@ def adhoc_check(args):
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"))
     p = subprocess.run([str(Path(sys.executable).parent / "ansible"), "localhost", "-m",
                         "gpufleet.reliability.slurm_stuck", "-a", args, "--check", "-o"],
-                       env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
+                       env=env, capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
     assert p.returncode == 0, p.stdout + p.stderr
     return json.loads(p.stdout[p.stdout.index("{"):])
 
