@@ -54,8 +54,8 @@ class SlurmLab:
         env.update(self.env)
         env["LC_ALL"] = "C"
         proc = subprocess.run(
-            [str(a) for a in argv], env=env, capture_output=True, text=True, timeout=timeout, input=input
-, check=False)
+            [str(a) for a in argv], env=env, capture_output=True, text=True, timeout=timeout, input=input,
+            check=False)
         if check and proc.returncode != 0:
             raise LabError(f"{' '.join(map(str, argv))} failed rc={proc.returncode}: {proc.stderr.strip()}")
         return proc
@@ -65,8 +65,8 @@ class SlurmLab:
         env.update(self.script_env)
         env.update(extra_env or {})
         proc = subprocess.run(
-            ["bash", str(self.script), command], env=env, capture_output=True, text=True, timeout=timeout
-, check=False)
+            ["bash", str(self.script), command], env=env, capture_output=True, text=True, timeout=timeout,
+            check=False)
         if check and proc.returncode != 0:
             raise LabError(f"slurm-lab.sh {command} failed rc={proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
         return proc
