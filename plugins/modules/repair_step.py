@@ -185,7 +185,8 @@ def main():
     elif op == "escalate":
         if foreign:
             module.fail_json(msg=f"node {name} is out of service by someone else ({node.reason!r}); not touched")
-        if node.reason != p["reason"]:
+        # a reason counts only while the node is drained/down: Slurm 24.11 keeps the last one after RESUME
+        if not ((node.is_down or "DRAIN" in node.flags) and node.reason == p["reason"]):
             changes.append(("drain", p["reason"]))
     elif op == "resume":
         if foreign or (not ours and (node.is_down or "DRAIN" in node.flags)):

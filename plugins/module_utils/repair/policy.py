@@ -195,6 +195,15 @@ class Node:
         return self.base == "DOWN" or bool(self.flags & _OUT_FLAGS)
 
     @property
+    def out_reason(self) -> str:
+        """The reason, only while the node is drained/down/failed; '' for a node in service.
+
+        Slurm 24.11 keeps a node's last reason after RESUME (22.05 clears it) and no update clears it, so on an
+        idle, undrained node the reason is a leftover of an earlier drain and means nothing.
+        """
+        return self.reason if self.out_of_service else ""
+
+    @property
     def busy(self) -> bool:
         return self.base in _BUSY_STATES or "COMPLETING" in self.flags
 
@@ -387,7 +396,7 @@ def plan(
         except HistoryError as exc:
             raise RepairError(f"attention[{n.name}].history: {exc}")
         hist.prune(now, keep, cap)
-        ours = n.out_of_service and n.reason.startswith(config.reason_prefix)
+        ours = n.out_reason.startswith(config.reason_prefix)
         prepared.append((n, hist, verdict, action, code, gpu, _first_seen(n, hist, ours, now)))
 
     # Circuit breaker: distinct nodes failing, first seen within the window (and after the last reset).
@@ -462,7 +471,7 @@ def _decide(
         return mk("hold", "history field holds text that is not ours; not touched", "foreign_history")
 
     before = dumps(hist)
-    ours = n.out_of_service and n.reason.startswith(config.reason_prefix)
+    ours = n.out_reason.startswith(config.reason_prefix)
     inc = hist.incident
     pending = inc.pending() if inc is not None else None
 
@@ -487,10 +496,11 @@ def _decide(
         and not n.rebooting
         and n.boot_time is not None
         and n.boot_time < pending.started
-        and "reboot" not in n.reason.lower().replace(config.reason_prefix.lower() + " reboot", "")
+        and "reboot" not in n.out_reason.lower().replace(config.reason_prefix.lower() + " reboot", "")
     ):
         # the run that wrote the intent died before Slurm took the reboot (no flag, no new boot, no "reboot
-        # issued" in the reason): that reboot never happened, so it does not count
+        # issued" in the reason): that reboot never happened, so it does not count. Only the reason of a node out of
+        # service counts: on 24.11 a resumed node keeps an old "reboot issued" reason
         hist.retract(pending)
         inc, pending = hist.incident, None
         before = dumps(hist)

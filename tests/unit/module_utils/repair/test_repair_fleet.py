@@ -49,3 +49,15 @@ def test_domains_of():
     assert domains_of(["rack_r12", "switch=leaf3", "gpu"], {"rack": "rack", "switch": "switch"}) == {
         "rack": "r12", "switch": "leaf3"}
     assert domains_of(["rack_"], {"rack": "rack"}) == {}
+
+
+def test_leftover_reason_on_an_idle_node_counts_for_nothing():
+    # Slurm 24.11 keeps the last reason after RESUME: a resumed spare or repaired node still shows it
+    leftovers = [
+        Node("n1", state="idle", reason="gpufleet: spare", reason_time=NOW - 600, partitions=["gpu"]),
+        Node("n2", state="idle", reason="gpufleet: xid79 gpu1", reason_time=NOW - 600, partitions=["gpu"]),
+        Node("n3", state="idle", reason="maintenance: dimm swap", partitions=["gpu"]),
+    ]
+    fleet, attention, spares = build_inputs(leftovers, {"n1": OK, "n2": OK})
+    assert spares == [] and attention == []
+    assert fleet["partitions"]["gpu"] == {"total": 3, "available": 3, "unavailable": 0, "spares_idle": []}

@@ -562,3 +562,47 @@ BAD_INPUT = [
 def test_bad_input_names_the_field(fl, nodes, match):
     with pytest.raises(RepairError, match=match):
         plan(fl, nodes, cfg(), NOW)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Slurm 24.11 keeps a node's last reason after RESUME (22.05 clears it): on a node in service it means nothing
+# ---------------------------------------------------------------------------------------------------------------
+LEFTOVERS = ("gpufleet: xid48 gpu3", "gpufleet: reboot xid48 gpu3 (incident 1) : reboot issued", "gpufleet: spare",
+             "maintenance: dimm swap")
+
+
+def leftover(n, reason):
+    """The same node as 24.11 shows it: idle, not drained, with an old reason still set."""
+    assert not n["flags"] and n["state"] == "IDLE"
+    return dict(n, reason=reason, reason_time=NOW - D)
+
+
+@pytest.mark.parametrize("reason", LEFTOVERS)
+@pytest.mark.parametrize(
+    "n",
+    [
+        in_service(rep=HEALTHY),
+        in_service(rep=HEALTHY, history=hist(steps=[("reset_gpu", NOW - 600, None)])),
+        in_service(report_time=NOW - 10),
+        in_service(report_time=NOW - 10, history=hist(steps=[("reset_gpu", NOW - 900, F), ("reboot", NOW - 60, None)])),
+        in_service(rep=HEALTHY, history=hist(escalated=NOW - H)),
+    ],
+    ids=["healthy", "healthy_after_step", "sick", "sick_reboot_intent", "escalated_taken_back"],
+)
+def test_leftover_reason_on_a_node_in_service_changes_nothing(n, reason):
+    n = dict(n, boot_time=NOW - 5000)
+    want = one(n).to_dict()
+    got = one(leftover(n, reason)).to_dict()
+    assert got == want
+    assert got["rule"] not in ("not_ours", "healthy_resume")
+
+
+def test_leftover_reboot_reason_does_not_keep_a_reboot_that_never_happened():
+    # the run died after writing the reboot intent and before Slurm took it; a person resumed the node since. On
+    # 24.11 the node still shows the reason of an earlier reboot: the intent must still be retracted
+    n = dict(in_service(report_time=NOW - 10,
+                        history=hist(steps=[("reset_gpu", NOW - 900, F), ("reboot", NOW - 60, None)])),
+             boot_time=NOW - 5000)
+    d = one(leftover(n, "gpufleet: reboot xid48 gpu3 (incident 1) : reboot issued"))
+    assert (d.action, d.rule) == ("drain", "drain"), d.reason
+    assert [(s.action, s.outcome) for s in loads(d.history).incident.steps] == [("reset_gpu", "failed")]
