@@ -48,7 +48,9 @@ def _apply_role(root: Path, issuer: str) -> subprocess.CompletedProcess:
              "slurm_rest_jwt_refresh_script": str(root / "sbin/gpufleet-slurm-jwks-refresh"),
              # the system interpreter: the refresh needs neither authlib nor joserfc
              "slurm_rest_jwt_python": "/usr/bin/python3",
-             "slurm_rest_jwt_reconfigure_command": f"env SLURM_CONF={LAB_DIR}/etc/slurm.conf scontrol reconfigure"}
+             # This lab is always the host's 22.05: its own scontrol, never the 24.11 lane's wrappers first on PATH.
+             "slurm_rest_jwt_reconfigure_command":
+                 f"env SLURM_CONF={LAB_DIR}/etc/slurm.conf /usr/bin/scontrol reconfigure"}
     (root / "play.yml").write_text(yaml.safe_dump(play))
     (root / "vars.json").write_text(json.dumps(extra))
     return subprocess.run([str(PLAYBOOK), "-i", "localhost,", str(root / "play.yml"), "-e", f"@{root / 'vars.json'}"],
