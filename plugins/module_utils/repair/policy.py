@@ -507,6 +507,9 @@ def _decide(
     if pending is not None:
         timeout = config.step_timeout_s.get(pending.action, 1800.0)
         done_by = pending.started + timeout
+        # only a short step (reset, reboot) is verified by the playbook while it waits: a reimage or replacement
+        # ends on a healthy report or its timeout, never on a check of the still-broken node
+        check = pending.action not in _LONG_STEPS
         if verdict == "healthy" and (n.report_time is None or n.report_time > pending.started):
             hist.finish("ok")
         elif n.rebooting and now < done_by:
@@ -518,7 +521,7 @@ def _decide(
                 "in_progress",
                 earliest=done_by,
                 history=before,
-                verify=True,
+                verify=check,
                 **_inc_kw(inc),
             )
         elif (
@@ -537,7 +540,7 @@ def _decide(
                 "in_progress",
                 earliest=done_by,
                 history=before,
-                verify=True,
+                verify=check,
                 **_inc_kw(inc),
             )
         ctx.release(n)
