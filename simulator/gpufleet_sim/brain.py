@@ -11,16 +11,16 @@ same, and the cache keeps 100,000-GPU runs fast.
 
 repair.plan() answers are cached too, exactly: the policy is a pure function of (history, report, node state,
 fleet counts, config, now) (repair/history.py says so) and depends on time only through differences, so a call is
-keyed with every time made relative to ``now`` (the history text is shifted with the brain's own loads/dumps) and
-the node's name replaced by a placeholder. Times reach the brain on a one-minute grid, as a repair run would see
-them. A miss calls the real plan() on the real inputs; a hit translates the stored answer back. Every
-``verify_every``-th hit is recomputed with the real plan() and compared field by field: a difference raises (tests
-run with verify_every=1).
+keyed with every time made relative to ``now`` (the history text split into its time-free pieces and the
+offsets of its times, see split_history) and without the node's name. Times reach the brain on a one-minute
+grid, as a repair run would see them. A miss calls the real plan() on the real inputs; a hit translates the
+stored answer back. Every ``verify_every``-th hit is recomputed with the real plan() and compared field by field:
+a difference raises (tests run with verify_every=1).
 """
 
 from __future__ import annotations
 
-import json
+import re
 from typing import Any
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils import health as _health
@@ -33,49 +33,65 @@ CANON = 1_000_000_000  # the 'now' of a cached (time-translated) decision
 GRID_S = 60  # times reach the brain on a one-minute grid
 
 
+_GF = f'"gf":{HISTORY_VERSION}'
+_TIME = re.compile(r"(?<![0-9])([0-9]{10})(?![0-9])")
+
+
+def split_history(text, now: int):
+    """A stored history as (text pieces, times relative to ``now``): the time-free skeleton and the offsets.
+
+    Every time in the stored form (repair/history.py: ``i.t``, ``i.s[][1]``, ``i.e``, the ``r`` and ``p``
+    entries, ``cd``) is a standalone ten-digit epoch second, and no other value of it is one (counters, GPU
+    indices, codes and the node names of this simulator are shorter), so one regular-expression split finds them
+    all. The cache's verification compares the rebuilt text with the real plan() output byte for byte.
+    """
+    if text is None:
+        return None
+    if text and _GF not in text:
+        raise ValueError(f"history text in an unknown format, cannot translate it: {text!r}")
+    parts = _TIME.split(text)
+    return tuple(parts[0::2]), tuple(int(t) - now for t in parts[1::2])
+
+
+def join_history(split, now: int):
+    """The inverse of split_history: the text with every offset turned back into a time at ``now``."""
+    if split is None:
+        return None
+    pieces, rel = split
+    if not rel:
+        return pieces[0]
+    out = [pieces[0]]
+    for t, piece in zip(rel, pieces[1:]):
+        out.append(str(now + t))
+        out.append(piece)
+    return "".join(out)
+
+
 class CachedDecision:
-    """What the engine reads from a Decision, rebuilt from the cache (times translated back)."""
+    """What the engine reads from a Decision, rebuilt from the cache (times translated back, histories rebuilt
+    only when read)."""
 
     __slots__ = ("node", "action", "rule", "earliest", "needs_approval", "approved", "code", "incident",
-                 "history", "history_after")
+                 "_h", "_ha", "_now")
+    FIELDS = ("action", "rule", "earliest", "needs_approval", "approved", "code", "incident", "history",
+              "history_after")
 
-    def __init__(self, node, action, rule, earliest, needs_approval, approved, code, incident, history,
-                 history_after):
+    def __init__(self, node, action, rule, earliest, needs_approval, approved, code, incident, h, ha, now):
         self.node, self.action, self.rule, self.earliest = node, action, rule, earliest
         self.needs_approval, self.approved, self.code, self.incident = needs_approval, approved, code, incident
-        self.history, self.history_after = history, history_after
+        self._h, self._ha, self._now = h, ha, now
+
+    @property
+    def history(self):
+        return join_history(self._h, self._now)
+
+    @property
+    def history_after(self):
+        return join_history(self._ha, self._now)
 
     @property
     def approval_key(self):
         return (self.node, self.action, self.incident or "-")
-
-
-def shift_history(text, delta: int):
-    """The same history text with every time moved by ``delta`` seconds.
-
-    Works on the stored form documented in repair/history.py (one line of JSON, sorted keys: ``i.t``, ``i.s[][1]``,
-    ``i.e``, ``r`` and ``p`` entries, ``cd`` are times) with the stdlib json module, which is ten times cheaper
-    than a full parse; the cache's verification compares the result with the real plan() output byte for byte.
-    """
-    if text is None or not str(text).strip():
-        return text
-    d = json.loads(text)
-    if not isinstance(d, dict) or d.get("gf") != HISTORY_VERSION:
-        raise ValueError(f"history text in an unknown format, cannot translate it: {text!r}")
-    i = d.get("i")
-    if i is not None:
-        i["t"] += delta
-        for st in i.get("s", ()):
-            st[1] += delta
-        if i.get("e") is not None:
-            i["e"] += delta
-    if d.get("r"):
-        d["r"] = ",".join(e[0] + str(int(e[1:]) + delta) for e in d["r"].split(","))
-    if d.get("p"):
-        d["p"] = ",".join(e[:2] + str(int(e[2:]) + delta) for e in d["p"].split(","))
-    if d.get("cd") is not None:
-        d["cd"] += delta
-    return json.dumps(d, separators=(",", ":"), sort_keys=True)
 
 
 class CollectionBrain:
@@ -88,6 +104,7 @@ class CollectionBrain:
             modes["default"] = "approval"
             cfg["modes"] = modes
         self.repair_config = _repair.RepairConfig.from_dict(cfg)
+        self._retention = _repair.retention(self.repair_config)
         self._judged: dict[tuple, dict] = {}
         self.calls = {"judge": 0, "judge_cached": 0, "plan": 0, "plan_cached": 0, "plan_verified": 0}
         self._healthy = None
@@ -121,30 +138,40 @@ class CollectionBrain:
         now = to_epoch(now_h)
         if not self.cache or breaker is not None:
             return self._plan(record, fleet, now, approvals, breaker)
-        delta = CANON - now
         name = record["name"]
-
-        def rel(t):
-            return None if t is None else t + delta
-
-        key = (record["state"], record.get("reason"), record.get("reason_user"), rel(record.get("reason_time")),
-               id(record.get("report")), rel(record.get("report_time")), shift_history(record.get("history"), delta),
-               _fleet_key(fleet), frozenset((a, i) for n, a, i in approvals if n == name))
+        rt, pt = record.get("reason_time"), record.get("report_time")
+        key = (record["state"], record.get("reason"), record.get("reason_user"),
+               None if rt is None else rt - now, id(record.get("report")), None if pt is None else pt - now,
+               split_history(record.get("history"), now), _fleet_key(fleet),
+               frozenset((a, i) for n, a, i in approvals if n == name) if approvals else None)
         hit = self._plans.get(key)
         if hit is None:
+            # second chance: plan() decides on the pruned history only (repair.retention), so a history whose
+            # stale entries (expired cooldown, incidents older than every window) differ decides the same way
+            text = record.get("history")
+            if text is not None and text.strip():
+                h = _repair.loads(text)
+                h.prune(now, *self._retention)
+                ckey = key[:6] + (("pruned", split_history(_repair.dumps(h), now)),) + key[7:]
+                hit = self._plans.get(ckey)
+                if hit is not None:
+                    self._plans[key] = hit
+            else:
+                ckey = key
+        if hit is None:
             d = self._plan(record, fleet, now, approvals, breaker)
-            self._plans[key] = (d.action, d.rule, d.earliest - now, d.needs_approval, d.approved, d.code, d.incident,
-                                shift_history(d.history, delta), shift_history(d.history_after, delta))
+            hit = (d.action, d.rule, d.earliest - now, d.needs_approval, d.approved, d.code, d.incident,
+                   split_history(d.history, now), split_history(d.history_after, now))
+            self._plans[key] = self._plans[ckey] = hit
             return d
         self.calls["plan_cached"] += 1
         a, rule, e_rel, na, ap, code, inc, h, ha = hit
-        d = CachedDecision(name, a, rule, now + e_rel, na, ap, code, inc, shift_history(h, -delta),
-                           shift_history(ha, -delta))
+        d = CachedDecision(name, a, rule, now + e_rel, na, ap, code, inc, h, ha, now)
         if self.verify_every and self.calls["plan_cached"] % self.verify_every == 0:
             self.calls["plan_verified"] += 1
             real = self._plan(record, fleet, now, approvals, breaker)
-            for f in CachedDecision.__slots__:
-                if f != "node" and getattr(real, f) != getattr(d, f):
+            for f in CachedDecision.FIELDS:
+                if getattr(real, f) != getattr(d, f):
                     raise RuntimeError(f"repair.plan cache diverged on {f}: real {getattr(real, f)!r}, "
                                        f"cached {getattr(d, f)!r} (record {record!r})")
         return d

@@ -26,7 +26,7 @@ from .model import (
     RepairError,
     SpareMove,
 )
-from .policy import plan
+from .policy import plan, retention
 
 __all__ = [
     "ACTIONS",
@@ -53,4 +53,5 @@ __all__ = [
     "parse_duration",
     "plan",
     "record_outcome",
+    "retention",
 ]

@@ -11,7 +11,8 @@ matching prefix, first in the config's ``class_map`` and then in the table below
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Mapping, Optional, Tuple
+from collections.abc import Mapping
+from typing import Any, Dict, Optional, Tuple
 
 from .model import REPAIR_STEPS, VERDICTS, RepairError
 

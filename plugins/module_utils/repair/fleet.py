@@ -17,7 +17,8 @@ configurable).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from collections.abc import Mapping
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from .history import HistoryError, is_ours, loads
 

@@ -140,7 +140,21 @@ class History:
             self.cooldown_until = None
 
     def copy(self) -> History:
-        return loads(dumps(self))
+        """A deep copy (what loads(dumps(self)) gives, without the text round trip)."""
+        inc = self.incident
+        if inc is not None:
+            inc = Incident(
+                id=inc.id,
+                failure_class=inc.failure_class,
+                code=inc.code[:MAX_CODE],
+                gpu=inc.gpu,
+                first_seen=inc.first_seen,
+                steps=[Step(s.action, s.started, s.outcome) for s in inc.steps],
+                escalated=inc.escalated,
+                spare=inc.spare or None,
+                hooks=list(inc.hooks),
+            )
+        return History(self.seq, inc, list(self.repairs), list(self.past), self.cooldown_until)
 
 
 def dumps(h: History) -> str:
@@ -218,6 +232,24 @@ def loads(text: Optional[str]) -> History:
         raise HistoryError(f"history: not JSON ({exc}); the field holds something that is not ours")
     if not isinstance(d, dict) or "gf" not in d:
         raise HistoryError("history: no 'gf' key; the field holds something that is not ours")
+    return _from_obj(d)
+
+
+def loads_ours(text: Optional[str]) -> Optional[History]:
+    """loads() for a field that may hold somebody else's text: None when it is not ours (is_ours() false),
+    the parsed History when it is; HistoryError when it is ours but malformed. One JSON parse, not two."""
+    if text is None or not str(text).strip():
+        return History()
+    try:
+        d = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(d, dict) or "gf" not in d:
+        return None
+    return _from_obj(d)
+
+
+def _from_obj(d: dict) -> History:
     if d["gf"] != VERSION:
         raise HistoryError("history: version {!r}, expected {}".format(d["gf"], VERSION))
     try:

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 from .classify import check_report, classify
 from .config import RepairConfig
-from .history import History, HistoryError, dumps, is_ours, loads
+from .history import History, HistoryError, dumps, loads_ours
 from .model import (
     ACTIONS,
     CHANGING_ACTIONS,
@@ -49,6 +50,7 @@ _REBOOT_FLAGS = {"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"}
 _OUT_FLAGS = {"DRAIN", "FAIL"}
 # Steps done by someone else (a hook): a sick report meanwhile does not fail them; they end healthy or time out.
 _LONG_STEPS = ("reimage", "replace")
+_EMPTY_HISTORY = dumps(History())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -357,6 +359,14 @@ def _key(node: str, incident: str, action: str) -> str:
     return "gpufleet-" + hashlib.sha256((f"{node}/{incident}/{action}").encode()).hexdigest()[:24]
 
 
+def retention(config: RepairConfig) -> Tuple[float, int]:
+    """What plan() keeps of a node's history before it decides: entries of the last ``keep`` seconds, at most
+    ``cap`` of each list (History.prune). A decision depends on the pruned history only."""
+    keep = max(config.budget_window_s, config.escalate_window_s, config.lemon_window_s, config.history_keep_s)
+    cap = max(config.budget_attempts, config.escalate_repairs, config.lemon_incidents) + 1
+    return keep, cap
+
+
 def plan(
     fleet: Any, attention: Iterable[Any], config: Any, now: float, *, approvals: Any = (), breaker: Any = None
 ) -> Plan:
@@ -380,21 +390,20 @@ def plan(
     approved = _approvals(approvals)
     brk = BreakerState.from_dict(breaker)
     ctx = _Ctx(fl, config, nodes)
-    keep = max(config.budget_window_s, config.escalate_window_s, config.lemon_window_s, config.history_keep_s)
-    cap = max(config.budget_attempts, config.escalate_repairs, config.lemon_incidents) + 1
+    keep, cap = retention(config)
 
     # Parse histories and reports up front (errors name the node).
     prepared = []
     for n in nodes:
         where = f"attention[{n.name}].report"
         verdict, action, code, gpu = check_report(n.report, where)
-        if not is_ours(n.history_text):
-            prepared.append((n, None, verdict, action, code, gpu, now))
-            continue
         try:
-            hist = loads(n.history_text)
+            hist = loads_ours(n.history_text)
         except HistoryError as exc:
             raise RepairError(f"attention[{n.name}].history: {exc}")
+        if hist is None:
+            prepared.append((n, None, verdict, action, code, gpu, now))
+            continue
         hist.prune(now, keep, cap)
         ours = n.out_reason.startswith(config.reason_prefix)
         prepared.append((n, hist, verdict, action, code, gpu, _first_seen(n, hist, ours, now)))
@@ -427,7 +436,7 @@ def plan(
 
     order = sorted(prepared, key=lambda p: (p[6], p[0].name))
     decisions: List[Decision] = []
-    empty = dumps(History())
+    empty = _EMPTY_HISTORY
     for n, hist, verdict, action, code, gpu, t0 in order:
         d = _decide(n, hist, verdict, action, code, gpu, t0, config, ctx, brk, approved, now)
         if d.history == empty and not (n.history_text or "").strip():

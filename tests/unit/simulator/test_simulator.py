@@ -96,6 +96,43 @@ def test_plan_cache_is_exact():
             assert checked.calls["plan_cached"] > 0 and checked.calls["plan_verified"] == checked.calls["plan_cached"]
 
 
+def test_history_split_finds_every_time_and_round_trips():
+    """The cache key's history skeleton: every time of the stored form is an offset, nothing else is."""
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import History, dumps
+    from gpufleet_sim.brain import join_history, split_history
+
+    now = 1_767_600_000
+    h = History()
+    inc = h.open("gpu_memory", "xid48", 3, now - 7200)
+    h.start("reset_gpu", now - 3600)
+    h.finish("failed")
+    h.start("reboot", now - 600)
+    inc.escalated, inc.spare, inc.hooks = now - 60, "node000123", ["replace"]
+    h.past, h.cooldown_until = [(now - 9 * 86400, "gpu_lost")], now + 1800
+    text = dumps(h)
+    pieces, rel = split_history(text, now)
+    assert sorted(rel) == sorted([-7200, -3600, -600, -60, -3600, -600, -9 * 86400, 1800])
+    assert "node000123" in "".join(pieces) and all(not any(c.isdigit() for c in p[-1:]) for p in pieces[:-1])
+    assert join_history((pieces, rel), now) == text
+    assert join_history((pieces, rel), now + 5) == dumps(_shifted(h, 5))
+    assert split_history(text, now) == split_history(dumps(_shifted(h, 777)), now + 777)
+    with pytest.raises(ValueError, match="unknown format"):
+        split_history('{"gf":2}', now)
+
+
+def _shifted(h, delta):
+    h = h.copy()
+    inc = h.incident
+    inc.first_seen += delta
+    inc.escalated += delta
+    for st in inc.steps:
+        st.started += delta
+    h.repairs = [(t + delta, a) for t, a in h.repairs]
+    h.past = [(t + delta, c) for t, c in h.past]
+    h.cooldown_until += delta
+    return h
+
+
 def test_user_policy_yaml_and_rack_outage(tmp_path):
     pfile = tmp_path / "mine.yaml"
     pfile.write_text("name: slow-approval\nbase: together-approval\napproval_delay_min: 240\nspares: cold\n")
