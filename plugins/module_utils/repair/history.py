@@ -158,35 +158,45 @@ class History:
 
 
 def dumps(h: History) -> str:
-    d: dict = {"gf": VERSION, "n": h.seq}
+    """The stored form: what ``json.dumps(obj, separators=(",", ":"), sort_keys=True)`` gives for the
+    documented object, written out directly (keys in sorted order; strings escaped as json does)."""
+    out = []
+    if h.cooldown_until is not None:
+        out.append(f'"cd":{int(h.cooldown_until)}')
+    out.append(f'"gf":{VERSION}')
     inc = h.incident
     if inc is not None:
-        i: dict = {
-            "id": inc.id,
-            "c": CLASS_CODE[inc.failure_class],
-            "k": inc.code[:MAX_CODE],
-            "t": inc.first_seen,
-            "s": [
-                [ACTION_CODE[s.action], s.started, OUTCOME_CODES.get(s.outcome) if s.outcome else None]
-                for s in inc.steps
-            ],
-        }
-        if inc.gpu is not None:
-            i["g"] = inc.gpu
+        i = [f'"c":"{CLASS_CODE[inc.failure_class]}"']
         if inc.escalated is not None:
-            i["e"] = inc.escalated
-        if inc.spare:
-            i["sp"] = inc.spare
+            i.append(f'"e":{int(inc.escalated)}')
+        if inc.gpu is not None:
+            i.append(f'"g":{int(inc.gpu)}')
         if inc.hooks:
-            i["hk"] = "".join(ACTION_CODE[a] for a in inc.hooks)
-        d["i"] = i
-    if h.repairs:
-        d["r"] = ",".join(f"{ACTION_CODE[a]}{t}" for t, a in h.repairs)
+            i.append('"hk":"{}"'.format("".join(ACTION_CODE[a] for a in inc.hooks)))
+        i.append(f'"id":{int(inc.id)}')
+        i.append('"k":' + _json_str(inc.code[:MAX_CODE]))
+        steps = ",".join(
+            f'["{ACTION_CODE[s.action]}",{int(s.started)},{_outcome_json(s.outcome)}]' for s in inc.steps
+        )
+        i.append(f'"s":[{steps}]')
+        if inc.spare:
+            i.append('"sp":' + _json_str(inc.spare))
+        i.append(f'"t":{int(inc.first_seen)}')
+        out.append('"i":{' + ",".join(i) + "}")
+    out.append(f'"n":{int(h.seq)}')
     if h.past:
-        d["p"] = ",".join(f"{CLASS_CODE[c]}{t}" for t, c in h.past)
-    if h.cooldown_until is not None:
-        d["cd"] = h.cooldown_until
-    return json.dumps(d, separators=(",", ":"), sort_keys=True)
+        out.append('"p":"{}"'.format(",".join(f"{CLASS_CODE[c]}{int(t)}" for t, c in h.past)))
+    if h.repairs:
+        out.append('"r":"{}"'.format(",".join(f"{ACTION_CODE[a]}{int(t)}" for t, a in h.repairs)))
+    return "{" + ",".join(out) + "}"
+
+
+_json_str = json.JSONEncoder(ensure_ascii=True).encode
+
+
+def _outcome_json(outcome: Optional[str]) -> str:
+    code = OUTCOME_CODES.get(outcome) if outcome else None
+    return "null" if code is None else f'"{code}"'
 
 
 def is_ours(text: Optional[str]) -> bool:

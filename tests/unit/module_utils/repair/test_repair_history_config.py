@@ -241,3 +241,69 @@ def test_class_map_overrides_table_by_prefix():
     assert classify(report(code="xid119"), {"xid119": "software"}) == "software"
     assert classify(report(code="nvlink_crc"), {"nvlink_c": "thermal"}) == "thermal"
     assert classify(report(code="nvlink_down"), {"nvlink_c": "thermal"}) == "nvlink"
+
+
+def _reference_dumps(h: History) -> str:
+    """The documented stored form, through json with sorted keys (what dumps() writes out by hand)."""
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.history import (
+        MAX_CODE,
+        OUTCOME_CODES,
+        VERSION,
+    )
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.model import ACTION_CODE, CLASS_CODE
+
+    d: dict = {"gf": VERSION, "n": h.seq}
+    inc = h.incident
+    if inc is not None:
+        i = {"id": inc.id, "c": CLASS_CODE[inc.failure_class], "k": inc.code[:MAX_CODE], "t": inc.first_seen,
+             "s": [[ACTION_CODE[s.action], s.started, OUTCOME_CODES.get(s.outcome) if s.outcome else None]
+                   for s in inc.steps]}
+        if inc.gpu is not None:
+            i["g"] = inc.gpu
+        if inc.escalated is not None:
+            i["e"] = inc.escalated
+        if inc.spare:
+            i["sp"] = inc.spare
+        if inc.hooks:
+            i["hk"] = "".join(ACTION_CODE[a] for a in inc.hooks)
+        d["i"] = i
+    if h.repairs:
+        d["r"] = ",".join(f"{ACTION_CODE[a]}{t}" for t, a in h.repairs)
+    if h.past:
+        d["p"] = ",".join(f"{CLASS_CODE[c]}{t}" for t, c in h.past)
+    if h.cooldown_until is not None:
+        d["cd"] = h.cooldown_until
+    return json.dumps(d, separators=(",", ":"), sort_keys=True)
+
+
+def test_dumps_is_the_sorted_json_form_for_any_history():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.history import Incident, Step
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.model import (
+        CLASS_CODE,
+        REPAIR_STEPS,
+    )
+
+    t = st.integers(min_value=0, max_value=4_000_000_000)
+    step = st.builds(Step, st.sampled_from(REPAIR_STEPS), t, st.sampled_from([None, "ok", "failed", "timeout"]))
+    incident = st.builds(
+        Incident, id=st.integers(0, 10**6), failure_class=st.sampled_from(sorted(CLASS_CODE)),
+        code=st.text(max_size=40), gpu=st.none() | st.integers(0, 71), first_seen=t,
+        steps=st.lists(step, max_size=5), escalated=st.none() | t, spare=st.none() | st.text(max_size=12),
+        hooks=st.lists(st.sampled_from(["reimage", "replace"]), max_size=2))
+    history = st.builds(
+        History, seq=st.integers(0, 10**6), incident=st.none() | incident,
+        repairs=st.lists(st.tuples(t, st.sampled_from(REPAIR_STEPS)), max_size=6),
+        past=st.lists(st.tuples(t, st.sampled_from(sorted(CLASS_CODE))), max_size=6), cooldown_until=st.none() | t)
+
+    @settings(max_examples=400, deadline=None)
+    @given(history)
+    def check(h):
+        text = dumps(h)
+        assert text == _reference_dumps(h)
+        assert dumps(loads(text)) == text
+        assert dumps(h.copy()) == text
+
+    check()
