@@ -26,8 +26,9 @@ import math
 import os
 import re
 import shutil
-import tempfile
 import time
+
+from .fileutil import atomic_write
 
 KINDS = ("slurm", "gres", "cgroup")
 
@@ -1079,36 +1080,9 @@ def write_atomic(path, text, backup=False):
     A symbolic link (slurm.conf linked to shared storage is common) is followed: its target is replaced and the
     link stays."""
     path = os.path.realpath(path)
-    directory = os.path.dirname(path)
     backup_path = None
-    try:
-        old = os.stat(path)
-    except FileNotFoundError:
-        old = None
-    if backup and old is not None:
+    if backup and os.path.exists(path):
         backup_path = backup_name(path)
         shutil.copy2(path, backup_path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape", newline="") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if old is not None:
-            os.chmod(tmp, old.st_mode & 0o7777)
-            if hasattr(os, "chown"):
-                try:
-                    os.chown(tmp, old.st_uid, old.st_gid)
-                except PermissionError:
-                    if os.geteuid() == 0:
-                        raise
-        else:
-            os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    atomic_write(path, text, None, keep_owner=True)
     return backup_path

@@ -116,11 +116,12 @@ recorded:
 import json
 import os
 import re
-import tempfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
+
+from ansible_collections.gpufleet.reliability.plugins.module_utils.fileutil import atomic_write
 
 _KEY = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -130,20 +131,6 @@ def _parse(text):
         return json.loads(text)
     except ValueError:
         return text
-
-
-def _atomic_write(path, data):
-    d = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".hook-")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, sort_keys=True)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def main():
@@ -223,7 +210,8 @@ def main():
                          errors=errors, attempts=attempts)
     try:
         os.makedirs(p["state_dir"], mode=0o700, exist_ok=True)
-        _atomic_write(record, {"request": request, "response": response, "at": time.time()})
+        atomic_write(record, json.dumps({"request": request, "response": response, "at": time.time()},
+                                        sort_keys=True), 0o600)
     except OSError as exc:
         module.fail_json(msg=f"hook succeeded but recording it in {p['state_dir']} failed: {exc}", response=response,
                          attempts=attempts)

@@ -130,11 +130,11 @@ files:
 import json
 import os
 import re
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_native
 
+from ansible_collections.gpufleet.reliability.plugins.module_utils.fileutil import atomic_write
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.config import parse_config
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.errors import ConfigError
 
@@ -148,22 +148,6 @@ def read_text(path):
             return fh.read()
     except FileNotFoundError:
         return None
-
-
-def atomic_write(path, text, mode):
-    d = os.path.dirname(path) or "."
-    if not os.path.isdir(d):
-        os.makedirs(d, mode=0o755)
-    fd, tmp = tempfile.mkstemp(prefix=".gpufleet-", dir=d)
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def pam_line(p):
@@ -274,7 +258,7 @@ def main():
                     if text is None:
                         os.unlink(path)
                     else:
-                        atomic_write(path, text, mode)
+                        atomic_write(path, text, mode, makedirs=True)
             except OSError as exc:
                 module.fail_json(msg=f"oidc_pam: cannot write {exc.filename}: {to_native(exc)}")
     module.exit_json(**result)

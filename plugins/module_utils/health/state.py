@@ -8,9 +8,9 @@ file is treated as "no previous run": rates start again, nothing fails.
 from __future__ import annotations
 
 import json
-import os
-import time
 from typing import Any, Dict
+
+from ..fileutil import atomic_write as _atomic_write
 
 STATE_VERSION = 1
 
@@ -27,24 +27,8 @@ def load_state(path) -> Dict[str, Any]:
 
 
 def atomic_write(path, text: str, mode: int = 0o644) -> None:
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """fileutil.atomic_write, creating the state directory on first use."""
+    _atomic_write(path, text, mode, makedirs=True)
 
 
 def save_state(path, state: Dict[str, Any]) -> None:

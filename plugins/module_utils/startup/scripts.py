@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
+
+from ..fileutil import atomic_write  # noqa: F401 (the runner and the module import it from here)
 
 PHASES = ("boot", "every_boot", "once")
 NODE_ROLES = ("worker", "login", "controller")
@@ -201,22 +202,3 @@ def interpreter_name(words: List[str]) -> str:
         if rest:
             prog = os.path.basename(rest[0])
     return prog
-
-
-def atomic_write(path: str, data: bytes, mode: int) -> None:
-    """Write ``data`` to ``path`` through a temp file in the same directory and os.replace."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
