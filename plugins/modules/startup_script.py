@@ -167,11 +167,11 @@ import tempfile
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_native, to_text
 
+from ansible_collections.gpufleet.reliability.plugins.module_utils.fileutil import atomic_write
 from ansible_collections.gpufleet.reliability.plugins.module_utils.startup.scripts import (
     NODE_ROLES,
     PHASES,
     MetaError,
-    atomic_write,
     interpreter_name,
     meta_from_dict,
     meta_path,

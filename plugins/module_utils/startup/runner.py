@@ -33,7 +33,8 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from .scripts import NODE_ROLES, PHASES, MetaError, ScriptMeta, atomic_write, discover
+from ..fileutil import atomic_write
+from .scripts import NODE_ROLES, PHASES, MetaError, ScriptMeta, discover
 
 REASON_PREFIX = "gpufleet: startup"
 HEALTH_STEP = "health-check"

@@ -17,8 +17,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..fileutil import atomic_write  # noqa: F401 (the runner and the module import it from here)
-
 PHASES = ("boot", "every_boot", "once")
 NODE_ROLES = ("worker", "login", "controller")
 META_SUFFIX = ".json"
