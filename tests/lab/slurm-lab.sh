@@ -20,6 +20,7 @@
 #   SLURM_LAB_RELEASE [22.05 = the host's Debian Slurm | 24.11 = Debian trixie chroot]
 #   SLURM_LAB_CHROOT [/var/cache/gpufleet/trixie-chroot]  (built once with debootstrap, then reused)
 #   SLURM_LAB_CHROOT_BINDS [/tmp /work /root /home /opt /srv]  host dirs bound at the same path in the chroot
+#                          (the checkout holding this script is added when none of them covers it)
 #
 # The health-check program drains a node when $LAB/flags/<node>.bad exists, then, if $LAB/etc/healthcheck.hook
 # exists and is executable, execs it (PATH and SLURM_CONF exported, SLURMD_NODENAME passed through). The
@@ -49,6 +50,15 @@ KEEP_STATE=${SLURM_LAB_KEEP_STATE:-0}
 RELEASE=${SLURM_LAB_RELEASE:-22.05}
 CHROOT=${SLURM_LAB_CHROOT:-/var/cache/gpufleet/trixie-chroot}
 CHROOT_BINDS=${SLURM_LAB_CHROOT_BINDS:-/tmp /work /root /home /opt /srv}
+# The checkout this script belongs to is always seen inside too, wherever it lives (CI clones outside /work):
+# job scripts that name .venv/bin/python, the simulator's sweep among them, run from it.
+CHECKOUT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
+case " $CHROOT_BINDS " in
+  *" $CHECKOUT "*) ;;
+  *) covered=0
+     for d in $CHROOT_BINDS; do [[ "$CHECKOUT/" == "$d"/* ]] && covered=1; done
+     ((covered)) || CHROOT_BINDS="$CHROOT_BINDS $CHECKOUT" ;;
+esac
 
 CONF=$LAB/etc/slurm.conf
 CTLD_PORT=$((PORT_BASE + 17))
