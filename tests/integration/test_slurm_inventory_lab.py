@@ -117,6 +117,14 @@ def test_node_filter_and_slurmctld_down(lab, tmp_path):
         env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"))
         p = subprocess.run([str(ANSIBLE_INVENTORY), "-i", str(cfg), "--list"], env=env, capture_output=True,
                            text=True, timeout=120, check=False)
+        # the same source under AWX's strict setting: an unparsed source fails the run
+        strict = subprocess.run([str(ANSIBLE_INVENTORY), "-i", str(cfg), "--list"],
+                                env=dict(env, ANSIBLE_INVENTORY_UNPARSED_FAILED="true"), capture_output=True,
+                                text=True, timeout=120, check=False)
     finally:
         dead.unlink()
     assert "slurmctld unreachable" in p.stderr
+    # the source failed as a whole: no host from it, and a strict run exits non-zero naming the cause
+    assert json.loads(p.stdout)["_meta"]["hostvars"] == {}, p.stdout
+    assert strict.returncode != 0, strict.stdout + strict.stderr
+    assert "slurmctld unreachable" in strict.stderr
