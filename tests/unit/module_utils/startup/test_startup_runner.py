@@ -102,6 +102,21 @@ def test_once_runs_once_across_runs_boot_once_per_boot(scripts, tmp_path):
     assert sorted(os.listdir(scripts.state / "boot")) == ["boot-b"]
 
 
+def test_phase_runs_only_that_phase_and_marks_only_what_ran(scripts, tmp_path):
+    for name, phase in (("first", "once"), ("perboot", "boot"), ("always", "every_boot")):
+        scripts.add(name, 'echo run >> "%s"' % (tmp_path / name), phase=phase)
+    assert runner.main(scripts.argv("--phase", "boot", "--boot-id", "boot-a")) == 0
+    assert [(tmp_path / n).exists() for n in ("first", "perboot", "always")] == [False, True, False]
+    assert [s["name"] for s in scripts.report()["scripts"]] == ["perboot"]
+    assert scripts.report()["phase"] == "boot"
+    # the once script was left out, not done: a later run of its phase still runs it, exactly once
+    assert not (scripts.state / "once" / "first").exists()
+    assert runner.main(scripts.argv("--phase", "once", "--boot-id", "boot-a")) == 0
+    assert runner.main(scripts.argv("--phase", "once", "--boot-id", "boot-a")) == 0
+    assert (tmp_path / "first").read_text().split() == ["run"]
+    assert not (tmp_path / "always").exists()
+
+
 def test_failed_once_script_is_not_marked_done(scripts, tmp_path):
     flag = tmp_path / "ok-now"
     scripts.add("setup", f'[ -e "{flag}" ]', phase="once")
