@@ -165,10 +165,10 @@ PLAY = """
 """
 
 
-def run_play(lab, tmp_path, monkeypatch, extravars, cmdline):
+def run_play(lab, tmp_path, monkeypatch, extravars, cmdline, play=PLAY):
     pdd = tmp_path / "runner"
     (pdd / "project").mkdir(parents=True)
-    (pdd / "project" / "play.yml").write_text(PLAY)
+    (pdd / "project" / "play.yml").write_text(play)
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
     # os.environ's PATH already has the lab's wrappers first (24.11 lane); runner execs ansible-playbook from it
     env = {**lab.env, "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"), "PATH": os.environ["PATH"]}
@@ -201,3 +201,50 @@ def test_check_mode_changes_nothing_and_shows_the_diff(lab, tmp_path, monkeypatc
     assert lab.node_states()[node] == ("drained", "gpufleet: check mode")
     r, _out = run_play(lab, tmp_path / "again", monkeypatch, {"target": node}, "")
     assert r.status == "successful" and r.stats.get("changed", {}).get("localhost", 0) == 0
+
+
+ANY_STATE_PLAY = """
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Change a node in check mode
+      gpufleet.reliability.slurm_node:
+        name: "{{ target }}"
+        state: "{{ want }}"
+        reason: "{{ why | default(omit) }}"
+        only_if_reason_prefix: "{{ prefix | default(omit) }}"
+      register: step
+    - name: Show the plan
+      ansible.builtin.set_stats:
+        data:
+          step: "{{ step }}"
+"""
+
+
+@pytest.mark.parametrize("want,start,why", [
+    ("resumed", "drained", None),
+    ("down", "idle", "gpufleet: check mode down"),
+    ("rebooted", "idle", "gpufleet: check mode reboot"),
+])
+def test_check_mode_resume_down_reboot_change_nothing(lab, tmp_path, monkeypatch, want, start, why):
+    node = lab.nodes[2]
+    if start == "drained":
+        lab.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=gpufleet: before check mode")
+        lab.wait_for(node, "drained")
+    before = lab.node_states()[node]
+    reboots = lab.dir / "log" / "reboot-calls.log"
+    reboot_log = reboots.read_text() if reboots.exists() else ""
+    extravars = {"target": node, "want": want}
+    if why:
+        extravars["why"] = why
+    if want == "resumed":
+        extravars["prefix"] = "gpufleet:"
+    r, data = run_play(lab, tmp_path, monkeypatch, extravars, "--check --diff", play=ANY_STATE_PLAY)
+    assert r.status == "successful" and r.rc == 0
+    step = data["step"]
+    # check mode says what would change, and Slurm saw no update and no reboot request
+    assert step["changed"] is True and step["changed_nodes"] == [node], step
+    assert not [c for c in step["commands"] if c[:2] in (["scontrol", "update"], ["scontrol", "reboot"])], step
+    time.sleep(1)
+    assert lab.node_states()[node] == before
+    assert (reboots.read_text() if reboots.exists() else "") == reboot_log
