@@ -12,8 +12,10 @@ same, and the cache keeps 100,000-GPU runs fast.
 repair.plan() answers are cached too, exactly: the policy is a pure function of (history, report, node state,
 fleet counts, config, now) (repair/history.py says so) and depends on time only through differences, so a call is
 keyed with every time made relative to ``now`` (the history text split into its time-free pieces and the
-offsets of its times, see split_history) and without the node's name. Times reach the brain on a one-minute
-grid, as a repair run would see them. A miss calls the real plan() on the real inputs; a hit translates the
+offsets of its times, see split_history) and without the node's name. The fleet counts enter the key only as
+``repair.fleet_view``: the outcomes of the checks plan() itself runs on them for a node planned alone (the policy's
+code, not a model of its limits), memoised per distinct counts. Times reach the brain on a one-minute grid, as a
+repair run would see them. A miss calls the real plan() on the real inputs; a hit translates the
 stored answer back. Every ``verify_every``-th hit is recomputed with the real plan() and compared field by field:
 a difference raises (tests run with verify_every=1).
 """
@@ -33,6 +35,7 @@ CANON = 1_000_000_000  # the 'now' of a cached (time-translated) decision
 GRID_S = 60  # times reach the brain on a one-minute grid
 
 
+_SPLIT_MEMO = 100_000  # history texts whose split is remembered (cleared when full; a memo, not a result)
 _GF = f'"gf":{HISTORY_VERSION}'
 _TIME = re.compile(r"(?<![0-9])([0-9]{10})(?![0-9])")
 
@@ -47,10 +50,16 @@ def split_history(text, now: int):
     """
     if text is None:
         return None
+    pieces, times = _split_abs(text)
+    return pieces, tuple([t - now for t in times])
+
+
+def _split_abs(text: str) -> tuple:
+    """split_history with the times left absolute (what the brain memoises per text)."""
     if text and _GF not in text:
         raise ValueError(f"history text in an unknown format, cannot translate it: {text!r}")
     parts = _TIME.split(text)
-    return tuple(parts[0::2]), tuple(int(t) - now for t in parts[1::2])
+    return tuple(parts[0::2]), tuple([int(t) for t in parts[1::2]])
 
 
 def join_history(split, now: int):
@@ -72,22 +81,38 @@ class CachedDecision:
     only when read)."""
 
     __slots__ = ("node", "action", "rule", "earliest", "needs_approval", "approved", "code", "incident",
-                 "_h", "_ha", "_now")
+                 "_h", "_ha", "_now", "_memo")
     FIELDS = ("action", "rule", "earliest", "needs_approval", "approved", "code", "incident", "history",
               "history_after")
 
-    def __init__(self, node, action, rule, earliest, needs_approval, approved, code, incident, h, ha, now):
+    def __init__(self, node, action, rule, earliest, needs_approval, approved, code, incident, h, ha, now,
+                 memo=None):
         self.node, self.action, self.rule, self.earliest = node, action, rule, earliest
         self.needs_approval, self.approved, self.code, self.incident = needs_approval, approved, code, incident
-        self._h, self._ha, self._now = h, ha, now
+        self._h, self._ha, self._now, self._memo = h, ha, now, memo
+
+    def _join(self, split):
+        text = join_history(split, self._now)
+        if text is not None and self._memo is not None:
+            # the engine hands this text back on the node's next decision: remember its split
+            self._memo[text] = (split[0], tuple([self._now + t for t in split[1]]))
+        return text
 
     @property
     def history(self):
-        return join_history(self._h, self._now)
+        h = self._h
+        if h is None or h.__class__ is str:
+            return h
+        self._h = h = self._join(h)  # joined once, on first read
+        return h
 
     @property
     def history_after(self):
-        return join_history(self._ha, self._now)
+        h = self._ha
+        if h is None or h.__class__ is str:
+            return h
+        self._ha = h = self._join(h)
+        return h
 
     @property
     def approval_key(self):
@@ -111,6 +136,8 @@ class CollectionBrain:
         self.cache = cache
         self.verify_every = verify_every
         self._plans: dict = {}
+        self._views: dict = {}  # the fleet counts a decision is asked with -> repair.fleet_view of them
+        self._splits: dict = {}  # history text -> (pieces, absolute times): _split_abs, memoised
 
     # --- health rules --------------------------------------------------------------------------------------------
     def judge(self, lines: tuple) -> dict:
@@ -140,9 +167,15 @@ class CollectionBrain:
             return self._plan(record, fleet, now, approvals, breaker)
         name = record["name"]
         rt, pt = record.get("reason_time"), record.get("report_time")
+        # the fleet enters the key only through what plan() reads of it for this node (repair.fleet_view: the
+        # outcomes of its own blast-radius, min-healthy, breaker and spare checks), memoised per raw counts
+        counts = _fleet_key(fleet) + (record.get("partition"), tuple(record.get("domains") or ()))
+        view = self._views.get(counts)
+        if view is None:
+            view = self._views[counts] = _repair.fleet_view(fleet, record, self.repair_config)
         key = (record["state"], record.get("reason"), record.get("reason_user"),
                None if rt is None else rt - now, id(record.get("report")), None if pt is None else pt - now,
-               split_history(record.get("history"), now), _fleet_key(fleet),
+               self._split(record.get("history"), now), view,
                frozenset((a, i) for n, a, i in approvals if n == name) if approvals else None)
         hit = self._plans.get(key)
         if hit is None:
@@ -152,7 +185,7 @@ class CollectionBrain:
             if text is not None and text.strip():
                 h = _repair.loads(text)
                 h.prune(now, *self._retention)
-                ckey = key[:6] + (("pruned", split_history(_repair.dumps(h), now)),) + key[7:]
+                ckey = key[:6] + (("pruned", self._split(_repair.dumps(h), now)),) + key[7:]
                 hit = self._plans.get(ckey)
                 if hit is not None:
                     self._plans[key] = hit
@@ -161,12 +194,19 @@ class CollectionBrain:
         if hit is None:
             d = self._plan(record, fleet, now, approvals, breaker)
             hit = (d.action, d.rule, d.earliest - now, d.needs_approval, d.approved, d.code, d.incident,
-                   split_history(d.history, now), split_history(d.history_after, now))
+                   self._split(d.history, now), self._split(d.history_after, now))
             self._plans[key] = self._plans[ckey] = hit
             return d
         self.calls["plan_cached"] += 1
         a, rule, e_rel, na, ap, code, inc, h, ha = hit
-        d = CachedDecision(name, a, rule, now + e_rel, na, ap, code, inc, h, ha, now)
+        src = key[6]
+        if src is not None:
+            # a history the decision leaves as it came in is that very text: no join needed
+            if h == src:
+                h = record["history"]
+            if ha == src:
+                ha = record["history"]
+        d = CachedDecision(name, a, rule, now + e_rel, na, ap, code, inc, h, ha, now, self._splits)
         if self.verify_every and self.calls["plan_cached"] % self.verify_every == 0:
             self.calls["plan_verified"] += 1
             real = self._plan(record, fleet, now, approvals, breaker)
@@ -176,6 +216,17 @@ class CollectionBrain:
                                        f"cached {getattr(d, f)!r} (record {record!r})")
         return d
 
+    def _split(self, text, now: int):
+        """split_history(text, now), the text's split memoised (histories come back on the next decision)."""
+        if text is None:
+            return None
+        s = self._splits.get(text)
+        if s is None:
+            if len(self._splits) >= _SPLIT_MEMO:
+                self._splits.clear()
+            s = self._splits[text] = _split_abs(text)
+        return s[0], tuple([t - now for t in s[1]])
+
     def _plan(self, record, fleet, now, approvals, breaker):
         self.calls["plan"] += 1
         p = _repair.plan(fleet, [record], self.repair_config, now, approvals=approvals, breaker=breaker)
@@ -183,6 +234,8 @@ class CollectionBrain:
 
 
 def _fleet_key(fleet: dict) -> tuple:
+    """The raw counts of a fleet as Sim.fleet_counts builds it (one partition, the node's rack): the memo key of
+    its repair.fleet_view."""
     part = fleet["partitions"][PARTITION]
     (_rack, rc), = fleet["domains"]["rack"].items()
     return (fleet["total"], part["total"], part["available"], part["unavailable"], part.get("spares_idle", 0),

@@ -26,7 +26,7 @@ from .model import (
     RepairError,
     SpareMove,
 )
-from .policy import plan, retention
+from .policy import breaker_threshold, fleet_view, plan, retention
 
 __all__ = [
     "ACTIONS",
@@ -46,8 +46,10 @@ __all__ = [
     "RepairError",
     "SpareMove",
     "Step",
+    "breaker_threshold",
     "classify",
     "dumps",
+    "fleet_view",
     "is_ours",
     "loads",
     "parse_duration",

@@ -175,9 +175,8 @@ def dumps(h: History) -> str:
             i.append('"hk":"{}"'.format("".join(ACTION_CODE[a] for a in inc.hooks)))
         i.append(f'"id":{int(inc.id)}')
         i.append('"k":' + _json_str(inc.code[:MAX_CODE]))
-        steps = ",".join(
-            f'["{ACTION_CODE[s.action]}",{int(s.started)},{_outcome_json(s.outcome)}]' for s in inc.steps
-        )
+        oj = _OUTCOME_JSON.get
+        steps = ",".join([f'["{ACTION_CODE[s.action]}",{int(s.started)},{oj(s.outcome, "null")}]' for s in inc.steps])
         i.append(f'"s":[{steps}]')
         if inc.spare:
             i.append('"sp":' + _json_str(inc.spare))
@@ -192,6 +191,8 @@ def dumps(h: History) -> str:
 
 
 _json_str = json.JSONEncoder(ensure_ascii=True).encode
+# _outcome_json for every outcome a Step holds (anything else, None and "" included, is null)
+_OUTCOME_JSON = {v: f'"{k}"' for k, v in OUTCOMES.items()}
 
 
 def _outcome_json(outcome: Optional[str]) -> str:
@@ -211,6 +212,8 @@ def is_ours(text: Optional[str]) -> bool:
 
 
 def _int(v: Any, where: str) -> int:
+    if v.__class__ is int:  # the stored form's numbers: int(v) is v
+        return v
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise HistoryError(f"history {where}: expected a number, got {v!r}")
     return int(v)

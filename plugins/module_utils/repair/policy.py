@@ -367,6 +367,41 @@ def retention(config: RepairConfig) -> Tuple[float, int]:
     return keep, cap
 
 
+def breaker_threshold(config: RepairConfig, total: int) -> int:
+    """How many distinct nodes failing within the breaker window trip the circuit breaker in a fleet of ``total``."""
+    return max(config.breaker_min_nodes, int(math.ceil(config.breaker_fraction * total - 1e-9)))
+
+
+def fleet_view(fleet: Any, record: Any, config: Any) -> Tuple[Any, ...]:
+    """What plan() reads of the fleet counts when ``record`` is the only node in ``attention``.
+
+    Two fleets with the same view give the same one-node plan for the same node record, history, report,
+    config and time (the Decision's reason text, which quotes the counts, aside). The view holds the outcomes
+    of the very checks plan() runs for a node, on the fresh context a one-node plan starts from: the breaker
+    threshold (``breaker_threshold``), whether a drain is blocked (``min_healthy`` and the partition and domain
+    limits), whether a repair step is blocked with nothing under repair and with the node's own step counted
+    (a retracted step stays counted), and the spare the node would get. A caller that plans nodes one at a time
+    (the simulator) can key a cache on it instead of on the counts.
+    """
+    if not isinstance(config, RepairConfig):
+        config = RepairConfig.from_dict(config)
+    fl = Fleet.parse(fleet)
+    n = Node.parse(record, 0)
+    ctx = _Ctx(fl, config, [n])
+    drain = ctx.drain_block(n) is None
+    repair = ctx.repair_block(n) is None
+    ctx.take_active(n, started_now=False)
+    repair_own = ctx.repair_block(n) is None
+    spare = ctx.take_spare(n)
+    return (
+        breaker_threshold(config, fl.total),
+        drain,
+        repair,
+        repair_own,
+        None if spare is None else (spare.spare, spare.partition),
+    )
+
+
 def plan(
     fleet: Any, attention: Iterable[Any], config: Any, now: float, *, approvals: Any = (), breaker: Any = None
 ) -> Plan:
@@ -417,7 +452,7 @@ def plan(
         failing = sorted(
             n.name for n, h, verdict, _a, _c, _g, t0 in prepared if verdict in ("unhealthy", "unknown") and t0 >= since
         )
-        threshold = max(config.breaker_min_nodes, int(math.ceil(config.breaker_fraction * fl.total - 1e-9)))
+        threshold = breaker_threshold(config, fl.total)
         if len(failing) >= threshold:
             brk = BreakerState(
                 tripped=True,
@@ -479,7 +514,9 @@ def _decide(
     if hist is None:
         return mk("hold", "history field holds text that is not ours; not touched", "foreign_history")
 
-    before = dumps(hist)
+    # the history as it came in, written out only where a decision returns it unchanged (below: before a pending
+    # step's outcome changes it; elsewhere at the return, nothing having changed it yet)
+    before = None
     ours = n.out_reason.startswith(config.reason_prefix)
     inc = hist.incident
     pending = inc.pending() if inc is not None else None
@@ -496,7 +533,7 @@ def _decide(
 
     actionable = verdict in ("unhealthy", "unknown") or (verdict == "degraded" and report_action in REPAIR_STEPS)
     if verdict == "unknown" and n.report is None and not n.out_of_service:
-        return mk("hold", "no health report for a node in service; nothing to act on", "no_report", history=before)
+        return mk("hold", "no health report for a node in service; nothing to act on", "no_report", history=dumps(hist))
 
     # 2. a step in progress
     if (
@@ -512,8 +549,8 @@ def _decide(
         # service counts: on 24.11 a resumed node keeps an old "reboot issued" reason
         hist.retract(pending)
         inc, pending = hist.incident, None
-        before = dumps(hist)
     if pending is not None:
+        before = dumps(hist)
         timeout = config.step_timeout_s.get(pending.action, 1800.0)
         done_by = pending.started + timeout
         # only a short step (reset, reboot) is verified by the playbook while it waits: a reimage or replacement
@@ -592,7 +629,12 @@ def _decide(
         return _gate(d, config, approved, now)
     if not actionable:
         # degraded, resume_degraded false: keep watching, node stays where it is
-        return mk("hold", f"degraded ({report_action}); monitoring", "degraded_monitor", history=before)
+        return mk(
+            "hold",
+            f"degraded ({report_action}); monitoring",
+            "degraded_monitor",
+            history=dumps(hist) if before is None else before,
+        )
 
     # 4-11: unhealthy / unknown / degraded with a repair action
     cls = classify(n.report, config.class_map)

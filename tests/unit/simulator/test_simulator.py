@@ -154,3 +154,54 @@ def test_user_policy_yaml_and_rack_outage(tmp_path):
     res = run_one(scn.validate(raw), resolve("passive+auto-repair+hot-spares"), 3)
     assert res["interruptions"] == res["interruptions_by_class"]["tor_switch"] > 0
     assert res["lost_gpu_hours_by_cause"]["waiting"] > 0  # 16 nodes out at once, 9 spares: the job waits
+
+
+def _sim_fleet(unavailable, rack_unavailable=0, spares=0, total=64):
+    return {"total": total,
+            "partitions": {"gpu": {"total": total, "available": total - unavailable, "unavailable": unavailable,
+                                   "spares_idle": spares}},
+            "domains": {"rack": {"r0": {"total": 8, "available": 8 - rack_unavailable,
+                                        "unavailable": rack_unavailable}}}}
+
+
+# (fleet, expected action, expected rule, a real plan() call (miss) or a cache hit)
+FLEET_KEY_ROWS = [
+    (_sim_fleet(0), "drain", "drain", "miss"),
+    (_sim_fleet(1), "drain", "drain", "hit"),  # other counts, same outcome of every check plan() runs
+    (_sim_fleet(1, spares=1), "drain", "drain", "miss"),  # a spare is part of what plan() reads
+    (_sim_fleet(0, rack_unavailable=1), "hold", "blast_radius_drain", "miss"),  # rack limit 1
+    (_sim_fleet(2), "hold", "blast_radius_drain", "hit"),  # max_unavailable 2 blocks it: the same view
+    (_sim_fleet(3, rack_unavailable=1), "hold", "blast_radius_drain", "hit"),
+    (_sim_fleet(0), "drain", "drain", "hit"),
+]
+
+
+def test_plan_cache_keys_the_fleet_by_what_plan_reads():
+    """The cache key holds repair.fleet_view, not the counts: counts that every check of plan() treats alike hit,
+    counts that cross a limit miss, and every hit is recomputed with the real plan() (verify_every=1)."""
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import History, dumps
+    from gpufleet_sim.brain import CollectionBrain, to_epoch
+
+    brain = CollectionBrain(None, {"blast_radius": {"max_unavailable": 2, "min_healthy": 0, "domains": {"rack": 1}}},
+                            verify_every=1)
+    now_h = 100.0
+    h = History()
+    h.open("gpu_memory", "xid48", 3, to_epoch(now_h) - 3600)
+    report = {"verdict": "unhealthy", "action": "reset_gpu", "code": "xid48", "gpu": 3, "summary": "xid48",
+              "findings": [{"check": "xid", "severity": "fail", "gpu": 3, "detail": "xid48", "evidence": [],
+                            "action": "reset_gpu", "code": "xid48"}]}
+    for i, (fleet, action, rule, how) in enumerate(FLEET_KEY_ROWS):  # the same node an hour later each time
+        record = {"name": "node000003", "partition": "gpu", "domains": {"rack": "r0"}, "state": "IDLE",
+                  "reason": "", "reason_user": "", "reason_time": None, "report": report,
+                  "report_time": to_epoch(now_h + i), "history": dumps(_shifted_open(h, 3600 * i))}
+        before = dict(brain.calls)
+        d = brain.plan_node(record, fleet, now_h + i)
+        assert (d.action, d.rule) == (action, rule), (i, d.action, d.rule)
+        missed = brain.calls["plan"] - before["plan"] - (brain.calls["plan_verified"] - before["plan_verified"])
+        assert ("miss" if missed else "hit") == how, i
+
+
+def _shifted_open(h, delta):
+    h = h.copy()
+    h.incident.first_seen += delta
+    return h
