@@ -663,8 +663,7 @@ def _decide(
             if spare is not None:
                 after.incident.spare = spare.spare or "?"
         d = mk("escalate", reason, rule, history=booked, history_after=dumps(after), spare=spare, **ikw)
-        d.runnable = True
-        return d
+        return _gate(d, config, approved, now)
 
     if inc.escalated is not None:
         return mk("hold", f"escalated at {inc.escalated}; waiting for a person", "escalated", history=booked, **ikw)
@@ -794,8 +793,13 @@ def _inc_kw(inc) -> Dict[str, Any]:
 
 
 def _gate(d: Decision, config: RepairConfig, approved, now: float) -> Decision:
-    """Approval mode: a changing action runs only when (node, action, incident) was approved."""
-    if d.action in CHANGING_ACTIONS and config.mode_for(d.failure_class) == "approval":
+    """Approval mode: a changing action runs only when (node, action, incident) was approved.
+
+    An escalation only records and hands the node to a person, so it runs at once, unless it brings a hot spare
+    into service: that changes the partition, and in approval mode nothing changes before approval.
+    """
+    changes = d.action in CHANGING_ACTIONS or d.spare is not None
+    if changes and config.mode_for(d.failure_class) == "approval":
         key = (d.node, d.action, d.incident or "-")
         if key in approved:
             d.approved = True

@@ -395,18 +395,26 @@ APPROVAL_ROWS = [
     ("resume needs approval too", node(rep=HEALTHY, history=hist()), [], "resume", True, False),
     ("approved resume", node(rep=HEALTHY, history=hist()), [("node2", "resume", "1")], "resume", False, True),
     ("drain needs approval", in_service(history=hist(t0=NOW - H)), [], "drain", True, False),
-    ("escalation is never gated", node(history=hist(repairs=[(NOW - k * D, "reboot") for k in range(1, 6)])), [],
-     "escalate", False, True),
+    ("escalation without a spare is not gated",
+     node(history=hist(repairs=[(NOW - k * D, "reboot") for k in range(1, 6)])), [], "escalate", False, True),
+    # bringing a hot spare into the partition is a change: it waits like any other
+    ("escalation bringing a spare waits", node(history=hist(repairs=[(NOW - k * D, "reboot") for k in range(1, 6)])),
+     [], "escalate", True, False),
+    ("approved escalation brings the spare", node(history=hist(repairs=[(NOW - k * D, "reboot") for k in range(1, 6)])),
+     [("node2", "escalate", "1")], "escalate", False, True),
 ]
+APPROVAL_SPARES = {"escalation bringing a spare waits": ("spare1",),
+                   "approved escalation brings the spare": ("spare1",)}
 
 
 @pytest.mark.parametrize("name,n,approvals,action,needs,runnable", APPROVAL_ROWS, ids=[r[0] for r in APPROVAL_ROWS])
 def test_approvals(name, n, approvals, action, needs, runnable):
     c = cfg(modes={"default": "automatic", "gpu_memory": "approval"}, budget={"attempts": 9})
-    p = plan(fleet(), [n], c, NOW, approvals=approvals)
+    p = plan(fleet(spares=APPROVAL_SPARES.get(name, ())), [n], c, NOW, approvals=approvals)
     d = p[0]
     assert (d.action, d.needs_approval, d.runnable) == (action, needs, runnable), d.reason
-    assert d.approved == (bool(approvals) and not needs and action != "escalate")
+    assert d.approved == (bool(approvals) and not needs)
+    assert (d.spare is not None) == (name in APPROVAL_SPARES)
     if needs:
         assert "waiting for approval" in d.reason
     assert bool(p.unused_approvals) == (bool(approvals) and needs)
