@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # Stand-in for ansible-test's downloaded get-pip.py (the download host is not reachable here):
 # bootstrap pip with ensurepip in a subprocess (so /etc/pip.conf still applies), then run pip with
 # the arguments ansible-test passes.

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # Installs the Debian packages listed in scripts/apt-packages.txt that are missing. Daemons that the
 # packages' postinst would start are kept from starting (policy-rc.d), so nothing runs with the
 # system's configs: the tests start their own daemons in private directories.

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # Runs `ansible-test sanity --venv` on a copy of the collection laid out where ansible-test wants it
 # (/tmp/gpufleet-build-*/ansible_collections/gpufleet/reliability), on every target Python this machine has (3.9+).
 # The copy holds exactly the files git tracks or would track, so nothing built (.venv, node_modules) is linted.

@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # Shared test set-up. The collection is importable as ansible_collections.gpufleet.reliability through
 # ./collections (made by `make setup`); modules run through Ansible find it through ANSIBLE_COLLECTIONS_PATH.
 import os

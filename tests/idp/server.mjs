@@ -1,3 +1,5 @@
+// Copyright (c) gpufleet.reliability contributors
+// GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 // Test-only OpenID provider for the gpufleet.reliability OIDC tests. Listens on 127.0.0.1 only.
 //
 // Environment:

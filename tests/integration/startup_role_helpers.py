@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # Shared by the startup_scripts role tests: the role's variables mapped into a temp root, and the role applied
 # for real through ansible-runner (local connection).
 import os

@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # gpufleet-startup against the real Slurm lab: a failing startup drains the node and keeps it drained, a passing
 # one resumes it, and only when the drain was ours. Run with, e.g.,
 #   SLURM_LAB_PORT_BASE=17400 SLURM_LAB_DIR=/tmp/gpufleet-lab-17400 .venv/bin/python -m pytest \

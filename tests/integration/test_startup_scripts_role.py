@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # The startup_scripts role applied for real (ansible-runner, local connection) into a temp root: twice, the
 # second run unchanged; the units it writes pass `systemd-analyze verify`; the runner it installs runs from
 # the copied files with the node's own python.

@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # The gpu_health role applied for real (ansible-runner, local connection) into a temp root: twice, the second run
 # unchanged; the units verify with systemd-analyze; the installed agent runs from the copied files with the venv the
 # role made (real nvidia-ml-py from PyPI), and its textfile passes the real promtool.

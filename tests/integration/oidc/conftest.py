@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Fixtures of the OIDC integration tests; the helpers live in oidclab.py (a unique module name)."""
 from oidclab import (
     idp_factory,

@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Real parts for the OIDC integration tests, all on 127.0.0.1 (helpers; conftest.py exposes the fixtures).
 
 * ``idp_factory`` starts npm oidc-provider (tests/idp/server.mjs) on a free port with a private

@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Against the real test IdP: device grant, real tokens through the CLI, outage, rotation, kid storm."""
 from __future__ import annotations
 

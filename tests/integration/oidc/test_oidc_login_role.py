@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """roles/oidc_login applied into a temporary root, then a real sshd runs the rendered configuration."""
 from __future__ import annotations
 

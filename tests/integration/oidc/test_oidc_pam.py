@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """pam_python module through pamtester (and real sshd below): device and token modes."""
 from __future__ import annotations
 

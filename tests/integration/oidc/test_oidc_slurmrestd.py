@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """slurmrestd with auth/jwt and the test IdP's JWKS, in a Slurm lab instance of this module's own.
 
 roles/slurm_rest_jwt is applied into a temporary root to produce the normalised JWKS and the

@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """A real sshd (loopback, own config and host key) with the pam_python module in its PAM stack."""
 from __future__ import annotations
 

@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Fixture for the repair lab tests (helpers in repair_lab_helpers.py, a unique module name)."""
 
 from __future__ import annotations

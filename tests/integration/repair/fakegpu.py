@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The GPU stand-in for the repair lab tests: faults are replayed kernel lines from real captures, the GPUs are a
 replayed healthy H100 ``nvidia-smi -q -x`` capture, and the verdict comes from the real node agent
 (``gpufleet-health check``, which drains its own node with ``--slurm``).

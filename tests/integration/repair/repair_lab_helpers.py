@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The repair lab: the Slurm lab + the real node agent as its health hook (on replayed GPUs, faults injected as
 replayed kernel lines) + repair.yml run through ansible-runner the way AWX runs a job template."""
 

@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """AWX / AAP readiness: ansible-builder turns execution-environment.yml (with the collection built from this
 checkout) into a build context; the playbooks never prompt; the AWX objects file is valid YAML naming them."""
 

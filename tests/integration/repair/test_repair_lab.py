@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """End to end in the Slurm lab: the real agent drains a sick node, repair.yml (through ansible-runner, as AWX runs
 it) resets the GPU, reboots through RebootProgram, verifies and resumes; replace + hot spare; foreign drains are
 never touched; a storm trips the breaker; a crash converges; approval mode applies exactly the approved steps."""

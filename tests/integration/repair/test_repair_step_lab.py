@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """repair_step against the real Slurm lab: never touches what is not ours, idempotent, check mode changes nothing."""
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """`gpufleet-sim sweep --slurm` runs its points as a real Slurm job array on the lab and collects them."""
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The collection's one atomic-write helper: mode handling, directories, and nothing half-written on failure."""
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """kmsg adapter: the real /dev/kmsg read without blocking, the (boot_id, seq) cursor, captured files."""
 from __future__ import annotations
 

@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Node-level telemetry: the real /proc of this machine, and an InfiniBand sysfs tree shaped like mlx5's."""
 from __future__ import annotations
 

@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # The slurm.conf / gres.conf / cgroup.conf editor: byte-exact round trips, every edit, errors, fuzzing.
 from __future__ import annotations
 

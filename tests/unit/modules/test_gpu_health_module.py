@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # The gpu_health module run for real through Ansible: pytest-ansible's `localhost` fixture for plain calls,
 # ansible-runner for check mode. Replay captures and the fake NVML stand in for the GPUs.
 import json

@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # The slurm_conf module run for real through Ansible: pytest-ansible's `localhost` for plain calls, and
 # ansible-playbook (through ansible-runner) for --check and --diff, which the pytest-ansible dispatcher lacks.
 import os

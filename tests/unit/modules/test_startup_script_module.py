@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # The startup_script module run for real through Ansible: pytest-ansible's `localhost` for plain calls,
 # ansible-runner for check mode and diff mode (the pytest-ansible dispatcher has no per-call check/diff).
 import json

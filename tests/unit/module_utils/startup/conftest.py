@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # Helpers for the startup runner tests: write NAME + NAME.json pairs into a scripts directory.
 import json
 import os

@@ -1,3 +1,5 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # Tests of gpufleet-startup (plugins/module_utils/startup/runner.py) with real scripts and real processes.
 import json
 import os
