@@ -545,9 +545,11 @@ class _PyslurmNodes:
         return out
 
     def modify(self, names, **changes):
+        """One update RPC for all ``names`` (pyslurm's ``Node(NAMES).modify(changes)`` passes the list to
+        slurm_update_node as one node list), as the CLI backend sends one ``scontrol update``: never a loop that
+        could stop half way. The caller has checked that every name exists."""
         try:
-            for name in names:
-                self.mod.Node.load(name).modify(self.mod.Node(**changes))
+            self.mod.Node(",".join(names)).modify(self.mod.Node(**changes))
         except Exception as exc:  # noqa: BLE001
             raise self._err(exc)
 

@@ -352,3 +352,42 @@ def test_client_auto_picks_matching_pyslurm(monkeypatch):
     monkeypatch.setattr(slurm, "_import_pyslurm", lambda: mod)
     c = SlurmClient(runner=Replay(), backend="auto")
     assert c.backend == "pyslurm" and "matches Slurm 22.05" in c.backend_reason
+
+
+def recording_pyslurm(version, fail=None):
+    """A pyslurm stand-in that records Node.modify calls (pyslurm is not installable here; the real module's
+    call shapes are pyslurm 23.02+'s: Node(name).modify(Node(**changes)))."""
+    mod = fake_pyslurm(version)
+    calls = []
+
+    class Node:
+        def __init__(self, name=None, **changes):
+            self.name, self.changes = name, changes
+
+        def modify(self, changes):
+            if fail:
+                raise RuntimeError(fail)
+            calls.append((self.name, changes.changes))
+
+    mod.Node, mod.calls = Node, calls
+    return mod
+
+
+def test_pyslurm_backend_changes_all_nodes_in_one_update(monkeypatch):
+    mod = recording_pyslurm("22.5.3")
+    monkeypatch.setattr(slurm, "_import_pyslurm", lambda: mod)
+    c = SlurmClient(runner=Replay(), backend="pyslurm")
+    monkeypatch.setattr(c, "nodes", lambda names: {n: None for n in ("node1", "node2", "node3")})
+    assert c.drain("node[1-3]", "gpufleet: rack r7") == ["node1", "node2", "node3"]
+    assert mod.calls == [("node1,node2,node3", {"state": "DRAIN", "reason": "gpufleet: rack r7"})]
+
+
+def test_pyslurm_backend_errors_are_classified(monkeypatch):
+    for text, kind in (("Invalid node name specified", "unknown_node"), ("boom", "command")):
+        mod = recording_pyslurm("22.5.3", fail=text)
+        monkeypatch.setattr(slurm, "_import_pyslurm", lambda mod=mod: mod)
+        c = SlurmClient(runner=Replay(), backend="pyslurm")
+        monkeypatch.setattr(c, "nodes", lambda names: {"node1": None})
+        with pytest.raises(SlurmError) as err:
+            c.down("node1", "gpufleet: x")
+        assert err.value.kind == kind
