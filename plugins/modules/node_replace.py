@@ -61,7 +61,9 @@ options:
       - Webhook URL; the request is POSTed as JSON. A 2xx answer is success. Mutually exclusive with O(command).
     type: str
   headers:
-    description: Extra HTTP headers for O(url) (for example an authorization token).
+    description:
+      - Extra HTTP headers for O(url) (for example an authorization token).
+      - The values are C(no_log) - never logged, and masked wherever they would appear in the module's output.
     type: dict
     default: {}
   retries:
@@ -143,7 +145,7 @@ def main():
             reason=dict(type="str", default=""),
             command=dict(type="list", elements="str"),
             url=dict(type="str"),
-            headers=dict(type="dict", default={}),
+            headers=dict(type="dict", default={}, no_log=True),
             retries=dict(type="int", default=3),
             delay=dict(type="float", default=2),
             timeout=dict(type="int", default=30),

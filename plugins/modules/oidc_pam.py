@@ -38,6 +38,10 @@ options:
         C(docs/oidc.md)). At least C(issuer), C(audience), C(username_claim), C(groups_claim), C(allowed_groups)
         and C(jwks_cache_dir) (a preset can supply the claim names).
       - Required when O(state=present).
+      - Secrets (C(client_secret), and a password in C(proxy)) are written to O(config_path) as given but are
+        shown as C(VALUE_SPECIFIED_IN_NO_LOG_PARAMETER) in the module's result, its diff and the logged
+        invocation. The option is C(no_log) so that the module never logs it whole when it starts; only the
+        secrets are masked in what it returns.
     type: dict
   config_path:
     description: Where the validated configuration is written (as JSON, which is YAML).
@@ -110,7 +114,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 config:
-  description: The configuration as written (validated, with preset defaults resolved into it only as given).
+  description:
+    - The configuration as written (validated, with preset defaults resolved into it only as given).
+    - Secrets (C(client_secret), a password in C(proxy)) are replaced by C(VALUE_SPECIFIED_IN_NO_LOG_PARAMETER).
   returned: when state is present
   type: dict
   sample: {issuer: "https://sso.example.com/realms/hpc", audience: hpc-login}
@@ -135,7 +141,11 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_native
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.fileutil import atomic_write
-from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.config import parse_config
+from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.config import (
+    parse_config,
+    redact_config,
+    secret_values,
+)
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.errors import ConfigError
 
 MARK = "# gpufleet-oidc (managed by gpufleet.reliability.oidc_pam)"
@@ -148,6 +158,23 @@ def read_text(path):
             return fh.read()
     except FileNotFoundError:
         return None
+
+
+def render_config(config):
+    return json.dumps(config, indent=2, sort_keys=True) + "\n"
+
+
+def shown_config(text):
+    """The configuration file as the diff shows it: with its secrets replaced (the file itself keeps them)."""
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        return "(content not shown: not the JSON this module writes, and it may hold secrets)\n"
+    return render_config(redact_config(data))
 
 
 def pam_line(p):
@@ -181,7 +208,7 @@ def without_include(stack, include_name):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            config=dict(type="dict"),
+            config=dict(type="dict", no_log=True),
             config_path=dict(type="path", default="/etc/gpufleet/oidc.yml"),
             include_path=dict(type="path", default="/etc/pam.d/gpufleet-oidc"),
             service_path=dict(type="path", default="/etc/pam.d/sshd"),
@@ -197,6 +224,10 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
+    # config is no_log so that AnsibleModule never logs it whole (its "Invoked with" journal line); in what the
+    # module returns, mask only the secrets in it (config is the only no_log option), not every setting's value.
+    module.no_log_values.clear()
+    module.no_log_values.update(secret_values(p["config"]))
     svc = os.path.basename(p["service_path"])
     if not svc.startswith("sshd") or SHARED_STACKS.match(svc):
         module.fail_json(msg=f"oidc_pam: service_path {p['service_path']}: only an sshd PAM stack (a file named "
@@ -222,9 +253,9 @@ def main():
             line = pam_line(p)
         except ValueError as exc:
             module.fail_json(msg=f"oidc_pam: {exc}")
-        result["config"] = p["config"]
+        result["config"] = redact_config(p["config"])
         result["pam_line"] = line
-        wanted[p["config_path"]] = (json.dumps(p["config"], indent=2, sort_keys=True) + "\n", 0o600)
+        wanted[p["config_path"]] = (render_config(p["config"]), 0o600)
         wanted[p["include_path"]] = (
             "# gpufleet OIDC login (managed by gpufleet.reliability.oidc_pam). Included from sshd only.\n"
             + line + "\n", 0o644)
@@ -234,6 +265,9 @@ def main():
         wanted[p["include_path"]] = (None, None)
         wanted[p["config_path"]] = (None, None)
 
+    def shown(path, text):
+        return shown_config(text) if path == p["config_path"] else text
+
     diffs, writes = [], []
     for path in (p["config_path"], p["include_path"], p["service_path"]):
         new, mode = wanted[path]
@@ -241,14 +275,15 @@ def main():
         if new is None:
             if old is not None:
                 writes.append((path, None, None))
-                diffs.append(dict(before_header=path, after_header=path, before=old, after=""))
+                diffs.append(dict(before_header=path, after_header=path, before=shown(path, old), after=""))
             continue
         if mode is None:
             mode = os.stat(path).st_mode & 0o7777
         cur_mode = (os.stat(path).st_mode & 0o7777) if old is not None else None
         if old != new or cur_mode != mode:
             writes.append((path, new, mode))
-            diffs.append(dict(before_header=path, after_header=path, before=old or "", after=new))
+            diffs.append(dict(before_header=path, after_header=path, before=shown(path, old) or "",
+                              after=shown(path, new)))
     if writes:
         result["changed"] = True
         result["diff"] = diffs

@@ -8,10 +8,12 @@ Every error names the offending key. Unknown keys are errors too (a typo such as
 from __future__ import annotations
 
 import re
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from .errors import ConfigError
+from .transport import is_secure_url
 
 try:
     import yaml
@@ -104,6 +106,48 @@ class OIDCConfig:
     proxy: Optional[str] = None
 
 
+#: Settings whose value is a secret: shown as :data:`REDACTED` in module results and diffs (the file keeps them).
+SECRET_KEYS = ("client_secret",)
+#: What a secret is shown as (the marker Ansible itself uses for no_log values).
+REDACTED = "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"
+
+
+def _proxy_password(v: Any) -> Optional[str]:
+    """The password of ``http://user:password@host:port`` (``proxy`` may carry credentials), else None."""
+    if not isinstance(v, str):
+        return None
+    try:
+        return urllib.parse.urlsplit(v).password or None
+    except ValueError:
+        return None
+
+
+def secret_values(data: Any) -> List[str]:
+    """The secret strings in a configuration mapping: ``client_secret`` and a password in ``proxy``."""
+    if not isinstance(data, dict):
+        return []
+    out = [str(data[k]) for k in SECRET_KEYS
+           if data.get(k) is not None and not isinstance(data[k], bool) and str(data[k])]
+    pw = _proxy_password(data.get("proxy"))
+    if pw:
+        out.append(pw)
+    return out
+
+
+def redact_config(data: Any) -> Any:
+    """A copy of a configuration mapping with its secrets replaced by :data:`REDACTED`, for output only."""
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for k in SECRET_KEYS:
+        if out.get(k) is not None:
+            out[k] = REDACTED
+    pw = _proxy_password(out.get("proxy"))
+    if pw:
+        out["proxy"] = out["proxy"].replace(f":{pw}@", f":{REDACTED}@", 1)
+    return out
+
+
 _REQUIRED = ("issuer", "audience", "username_claim", "groups_claim", "allowed_groups", "jwks_cache_dir")
 
 
@@ -139,7 +183,7 @@ def _url(key: str, v: Any) -> str:
     v = _str(key, v)
     if not re.match(r"^https?://[^\s/]+", v):
         raise ConfigError(key, f"expected an http(s) URL, got {v!r}")
-    if v.startswith("http://") and not re.match(r"^http://(127\.0\.0\.1|localhost|\[::1\])(:\d+)?(/|$)", v):
+    if not is_secure_url(v):
         raise ConfigError(key, "plain http is only allowed for loopback addresses; use https")
     return v
 

@@ -18,14 +18,19 @@ Logger = Callable[[str], None]
 
 
 def file_logger(path: Optional[str], prefix: str = "gpufleet-oidc") -> Logger:
-    """Append one line per event to ``path`` (0600). Never log tokens, only reasons."""
+    """Append one line per event to ``path`` (0600). Never log tokens, only reasons.
+
+    The PAM module runs as root inside sshd: the file is opened with O_NOFOLLOW, so a symlink planted at ``path``
+    is refused (the line is dropped) instead of appending to whatever it points at; O_CLOEXEC keeps the descriptor
+    out of any process sshd starts.
+    """
 
     def log(msg: str) -> None:
         if not path:
             return
         line = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {prefix}[{os.getpid()}]: {msg}\n"
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
                 os.write(fd, line.encode("utf-8", "replace"))
             finally:

@@ -21,7 +21,6 @@ import fcntl
 import hashlib
 import json
 import os
-import re
 import stat
 import tempfile
 import time
@@ -175,8 +174,7 @@ class JWKSCache:
         uri = self.jwks_uri_override or (meta or {}).get("jwks_uri")
         if not isinstance(uri, str) or not uri:
             raise IdPUnavailable("discovery document has no jwks_uri")
-        if not (uri.startswith("https://") or re.match(r"^http://(127\.0\.0\.1|localhost|\[::1\])(:\d+)?/", uri)):
-            raise IdPUnavailable(f"jwks_uri {uri[:100]!r} is not https")
+        http.require_secure_url(uri, "jwks_uri")
         self.fetches += 1
         keys = public_keys_only(http.get_json(uri, timeout=self.http_timeout))
         return {"issuer": self.issuer, "metadata": meta, "metadata_fetched_at": meta_at, "keys": keys,

@@ -20,10 +20,15 @@ from .jwks import atomic_write_json, public_keys_only
 
 
 def fetch_jwks(issuer: Optional[str] = None, jwks_uri: Optional[str] = None, timeout: float = 10.0) -> Dict[str, Any]:
-    """The IdP's public JWKS: from ``jwks_uri``, or found through the issuer's discovery document."""
+    """The IdP's public JWKS: from ``jwks_uri``, or found through the issuer's discovery document.
+
+    Slurm trusts these keys for every user, so the issuer and the JWKS URL (given or discovered) must be https
+    (plain http only to loopback), exactly as for the login cache (:func:`transport.require_secure_url`).
+    """
     if not jwks_uri:
         if not issuer:
             raise IdPUnavailable("either issuer or jwks_uri is needed")
+        http.require_secure_url(issuer, "issuer")
         meta = http.get_json(issuer.rstrip("/") + "/.well-known/openid-configuration", timeout=timeout)
         if not isinstance(meta, dict) or meta.get("issuer") != issuer:
             raise IdPUnavailable(f"discovery issuer {meta.get('issuer') if isinstance(meta, dict) else None!r} "
@@ -31,6 +36,7 @@ def fetch_jwks(issuer: Optional[str] = None, jwks_uri: Optional[str] = None, tim
         jwks_uri = meta.get("jwks_uri")
         if not isinstance(jwks_uri, str):
             raise IdPUnavailable("discovery document has no jwks_uri")
+    http.require_secure_url(jwks_uri, "jwks_uri")
     return {"keys": public_keys_only(http.get_json(jwks_uri, timeout=timeout))}
 
 

@@ -10,6 +10,7 @@ request bodies, error parsing) while this module only moves bytes.
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -18,6 +19,22 @@ from typing import Any, Dict, Optional
 from .errors import IdPUnavailable
 
 MAX_BODY = 1024 * 1024  # 1 MiB is far more than any discovery document, JWKS or token response
+
+#: Plain http is accepted only to a loopback address (tests, a local relay); everything else must be https.
+_LOOPBACK_HTTP = re.compile(r"^http://(127\.0\.0\.1|localhost|\[::1\])(:\d+)?(/|$)")
+
+
+def is_secure_url(url: Any) -> bool:
+    """True for an https URL, or a plain http URL to a loopback address. The one copy of this rule."""
+    return isinstance(url, str) and (url.startswith("https://") or bool(_LOOPBACK_HTTP.match(url)))
+
+
+def require_secure_url(url: Any, what: str) -> str:
+    """Return ``url`` if :func:`is_secure_url`, else raise :class:`IdPUnavailable` naming it and the rule."""
+    if not is_secure_url(url):
+        raise IdPUnavailable(f"{what} {str(url)[:100]!r} is not https (expected https://, or plain http only to "
+                             "a loopback address: 127.0.0.1, localhost or [::1])")
+    return url
 
 
 class HTTPStatusError(Exception):

@@ -18,10 +18,12 @@ REPO = Path(__file__).resolve().parents[3]
 ANSIBLE = Path(sys.executable).parent / "ansible"
 
 
-def run_module(name, args, check=False):
+def run_module(name, args, check=False, verbose=False):
     argv = [str(ANSIBLE), "localhost", "-m", f"gpufleet.reliability.{name}", "-a", json.dumps(args), "-o"]
     if check:
         argv.append("--check")
+    if verbose:  # -vvv: the result carries the invocation (the module's arguments), as AWX job logs do
+        argv.append("-vvv")
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"), ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
                ANSIBLE_PYTHON_INTERPRETER=sys.executable, ANSIBLE_LOCALHOST_WARNING="False",
                ANSIBLE_INVENTORY_UNPARSED_WARNING="False")
@@ -154,6 +156,17 @@ def test_node_replace_webhook_gives_up(webhook, tmp_path):
                                             "delay": 0.01, "state_dir": str(tmp_path / "hooks")})
     assert not good and res["attempts"] == 2 and "503" in res["errors"][0]
     assert not (tmp_path / "hooks" / "k1.json").exists()
+
+
+def test_node_replace_headers_are_no_log(webhook, tmp_path):
+    url, hook = webhook
+    hook.fail_first = 1  # one failed attempt: the errors list is returned too
+    args = {"node": "node5", "idempotency_key": "gpufleet-nolog", "url": url, "retries": 1, "delay": 0.01,
+            "headers": {"Authorization": "Bearer s3cr3t-rma-T0ken"}, "state_dir": str(tmp_path / "hooks")}
+    good, res = run_module("node_replace", args, verbose=True)
+    assert good and res["changed"] and hook.calls[-1]["auth"] == "Bearer s3cr3t-rma-T0ken", res  # still sent
+    assert res["invocation"]["module_args"]["headers"] == {"Authorization": "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"}
+    assert "s3cr3t-rma-T0ken" not in json.dumps(res)
 
 
 def test_node_replace_command(tmp_path):
