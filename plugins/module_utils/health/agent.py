@@ -64,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--state-file", metavar="FILE", help="state carried between runs (rates, sticky events)")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
     c.add_argument("--report-file", metavar="FILE", help="also write the JSON report there (atomically)")
-    c.add_argument("--slurm", action="store_true", help="drain this node when unhealthy (never resumes)")
+    c.add_argument("--slurm", action="store_true", help="drain this node when unhealthy or when a finding asks "
+                   "for a drain (never resumes)")
     c.add_argument("--node", metavar="NAME", help="Slurm node name (default: $SLURMD_NODENAME or the hostname)")
     c.add_argument("--textfile", metavar="DIR", help="write Prometheus metrics for node_exporter's textfile dir")
     c.add_argument("--record", metavar="DIR", help="also save the snapshot and kernel log as a fixture")
@@ -154,9 +155,11 @@ def node_name(args=None) -> str:
 
 
 def slurm_act(report: Report, name: str, client=None) -> Dict[str, Any]:
-    """Drain our own node when unhealthy; never touch a node drained/downed by someone else; never resume."""
+    """Drain our own node when unhealthy, or when a finding asks for a drain although no automatic repair applies
+    (``report.drain``, e.g. a node-level power brake: verdict degraded, action monitor); never touch a node
+    drained/downed by someone else; never resume."""
     result: Dict[str, Any] = {"node": name, "action": "none", "reason": None}
-    if report.verdict != "unhealthy":
+    if not (report.verdict == "unhealthy" or report.drain):
         return result
     reason = report.drain_reason()[:200]
     result["reason"] = reason
@@ -206,6 +209,9 @@ def prometheus_text(report: Report, snap: Optional[Snapshot], duration_s: float,
            [({"node": node, "verdict": v}, int(v == verdict)) for v in VERDICTS])
     metric("gpufleet_health_action", "Recommended action (1 for the current one).", "gauge",
            [({"node": node, "action": a}, int(a == action)) for a in ACTION_ORDER])
+    metric("gpufleet_health_drain_requested", "1 when a finding asks for the node to be drained although no "
+           "automatic repair applies (node-level power brake / HW slowdown).", "gauge",
+           [({"node": node}, int(report.drain))])
     metric("gpufleet_health_exit_code", "Exit code of the last check (0 healthy .. 3 unknown).", "gauge",
            [({"node": node}, report.exit_code)])
     counts = {s: 0 for s in ("info", "warning", "critical", "unknown")}
@@ -317,6 +323,8 @@ def table(report: Report, node: str, notes: List[str], slurm: Optional[Dict[str,
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         for r in rows:
             out.append("  ".join(r[i].ljust(widths[i]) for i in range(5)) + "  " + r[5])
+    if report.drain and report.verdict != "unhealthy":
+        out.append("drain requested: take the node out of service and investigate (no automatic repair applies)")
     for n in notes:
         out.append(f"note: {n}")
     if slurm and slurm.get("action") != "none":

@@ -39,6 +39,9 @@ class Finding:
     gpu: Optional[int] = None
     evidence: List[str] = field(default_factory=list)
     pci: Optional[str] = None
+    # True when the finding asks for the node to be taken out of service although no automatic repair step
+    # applies (e.g. a node-level power brake: drain and let a person investigate, do not reset GPUs).
+    drain: bool = False
 
     def __post_init__(self):
         if self.severity not in SEVERITIES:
@@ -62,6 +65,7 @@ class Finding:
             "action": self.action,
             "code": self.code,
             "pci": self.pci,
+            "drain": self.drain,
         }
 
 
@@ -109,6 +113,11 @@ class Report:
         return w.gpu if w else None
 
     @property
+    def drain(self) -> bool:
+        """True when a finding asks for the node to be drained although no automatic repair applies."""
+        return any(f.drain for f in self.findings)
+
+    @property
     def exit_code(self) -> int:
         return EXIT_CODES[self.verdict]
 
@@ -124,8 +133,11 @@ class Report:
         return f"{self.verdict}: {w.code}{where} ({w.detail}) -> {self.action}{more}"
 
     def drain_reason(self) -> str:
-        """Short Slurm reason, ``gpufleet: <code> <gpu>``."""
+        """Short Slurm reason, ``gpufleet: <code> <gpu>``: the worst finding, or the finding that asks for the
+        drain when the verdict alone would not drain (not unhealthy)."""
         w = self.worst
+        if self.verdict != "unhealthy":
+            w = next((f for f in self.findings if f.drain), w)
         if w is None:
             return "gpufleet: ok"
         where = f" gpu{w.gpu}" if w.gpu is not None else (f" {w.pci}" if w.pci else "")
@@ -137,6 +149,7 @@ class Report:
             "action": self.action,
             "code": self.code,
             "gpu": self.gpu,
+            "drain": self.drain,
             "findings": [f.to_dict() for f in self.findings],
             "summary": self.summary,
         }

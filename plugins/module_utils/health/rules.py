@@ -34,10 +34,11 @@ class Ctx:
         self.findings: List[Finding] = []
         self.skipped: List[str] = []
 
-    def add(self, check, severity, detail, action="none", code=None, gpu=None, evidence=None, pci=None):
+    def add(self, check, severity, detail, action="none", code=None, gpu=None, evidence=None, pci=None,
+            drain=False):
         self.findings.append(Finding(check=check, severity=severity, detail=detail, action=action,
                                      code=code or check, gpu=gpu, evidence=list(evidence or [])[:_EVIDENCE_MAX],
-                                     pci=pci))
+                                     pci=pci, drain=drain))
 
 
 def gpu_key(g: GpuSnapshot) -> str:
@@ -367,7 +368,8 @@ def check_node_throttle(ctx: Ctx, snap: Snapshot, idx: set) -> None:
     ctx.add("clocks", "warning", f"{what} active on all {len(present)} GPUs: node-level power delivery problem "
             "(PSU / BMC power capping); drain and investigate the node, do not reset GPUs", "monitor",
             "node_power_brake" if brake else "node_hw_slowdown", None,
-            [f"gpu{g.index}: {','.join(sorted(set(g.clocks_event_reasons or ()) - {'gpu_idle'}))}" for g in present])
+            [f"gpu{g.index}: {','.join(sorted(set(g.clocks_event_reasons or ()) - {'gpu_idle'}))}" for g in present],
+            drain=True)  # no GPU-level repair applies: take the node out of service for a person
 
 
 def check_driver(ctx: Ctx, snap: Snapshot) -> None:

@@ -591,6 +591,17 @@ def _decide(
             )
         ctx.release(n)
 
+    # 3a. degraded with a drain request (a node-level problem such as a power brake on every GPU): no automatic
+    # repair applies and resuming would undo the agent's drain; the node waits for a person
+    if not actionable and verdict == "degraded" and isinstance(n.report, Mapping) and n.report.get("drain") is True:
+        return mk(
+            "hold",
+            "degraded ({}) and the health check asks for the node out of service: a person investigates, "
+            "then resumes it".format(n.report.get("code") or report_action),
+            "drain_requested",
+            history=dumps(hist) if before is None else before,
+        )
+
     # 3. healthy (or degraded and nothing to do): back to service if we drained it
     if not actionable and (verdict == "healthy" or (verdict == "degraded" and config.resume_degraded)):
         inc = hist.incident

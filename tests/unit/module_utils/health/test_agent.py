@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from health_fixtures import GPU_FIXTURES
@@ -60,7 +61,9 @@ def test_table_output(capsys):
 def test_hung_fake_nvml_gives_unknown(capsys, tmp_path):
     fake = tmp_path / "hang.json"
     fake.write_text(json.dumps({"hang": {"call": "nvmlDeviceGetCount", "seconds": 3600}}))
+    t0 = time.monotonic()
     rc, out, _err = run_main(capsys, "--fake-nvml", str(fake), "--kmsg", "-", "--deadline", "1", "--json")
+    assert time.monotonic() - t0 < 1 + 5  # the deadline plus slack for the child (1.02 s measured on 2 busy cores)
     d = json.loads(out)
     assert (rc, d["verdict"], d["code"]) == (3, "unknown", "probe_timeout")
     assert d["probe"]["status"] == "timeout"
@@ -176,3 +179,95 @@ def test_empty_environment(tmp_path):
     d = json.loads(p.stdout)
     assert d["slurm"]["action"] == "error"
     assert "not found: is the Slurm client installed" not in d["slurm"]["detail"]  # scontrol was found on PATH
+
+
+# ------------------------------------------------------------------ --slurm: slurm_act with a stand-in client
+class FakeSlurm:
+    """Stand-in for plugins/module_utils/slurm.SlurmClient: node() and drain() only; anything else fails."""
+
+    def __init__(self, state="idle", flags=(), reason=""):
+        from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import Node
+        self.node_obj = Node("gpu1", state=state, flags=frozenset(flags), reason=reason)
+        self.calls = []
+
+    def node(self, name):
+        self.calls.append(("node", name))
+        return self.node_obj
+
+    def drain(self, names, reason):
+        self.calls.append(("drain", list(names), reason))
+        return list(names)
+
+    def __getattr__(self, name):  # resume, down, update...: the agent must never call them
+        raise AssertionError(f"slurm_act called {name}()")
+
+
+def _brake_report():
+    from health_fixtures import load
+
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.health import judge, read_nvidia_smi_text
+    snap = read_nvidia_smi_text(load("h100-8gpu-535.161.08-all-gpus-hw-power-brake-slowdown.nvidia-smi-q.txt"))
+    return judge(snap, (), now=2_000_000_000)
+
+
+def test_node_power_brake_drains_although_degraded():
+    r = _brake_report()
+    assert (r.verdict, r.action, r.code, r.drain) == ("degraded", "monitor", "node_power_brake", True)
+    c = FakeSlurm()
+    res = agent.slurm_act(r, "gpu1", client=c)
+    assert (res["action"], res["reason"]) == ("drained", "gpufleet: node_power_brake")
+    assert c.calls == [("node", "gpu1"), ("drain", ["gpu1"], "gpufleet: node_power_brake")]
+
+
+@pytest.mark.parametrize("state,flags,reason,action", [
+    ("idle", ("DRAIN",), "gpufleet: node_power_brake", "already_drained"),   # ours: left as it is
+    ("idle", ("DRAIN",), "PSU swap, ticket 42", "left_alone"),               # someone else's drain
+    ("down", (), "Not responding", "left_alone"),                            # someone else's down
+    ("mixed", ("DRAIN",), "admin: maintenance", "left_alone"),               # draining by someone else
+])
+def test_drain_request_keeps_the_ownership_rules(state, flags, reason, action):
+    c = FakeSlurm(state, flags, reason)
+    res = agent.slurm_act(_brake_report(), "gpu1", client=c)
+    assert res["action"] == action
+    assert [x[0] for x in c.calls] == ["node"]  # looked, changed nothing
+
+
+def test_degraded_without_drain_request_does_not_touch_slurm():
+    from health_fixtures import load
+
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.health import judge, read_nvidia_smi_text
+    snap = read_nvidia_smi_text(load("h100-8gpu-535.183.01-gpu2-sw-power-cap-power-brake.nvidia-smi-q.txt"))
+    r = judge(snap, (), now=2_000_000_000)
+    assert (r.verdict, r.code, r.drain) == ("degraded", "hw_power_brake", False)
+    c = FakeSlurm()
+    assert agent.slurm_act(r, "gpu1", client=c)["action"] == "none"
+    assert c.calls == []  # not even a look
+
+
+def test_unhealthy_still_drains_and_healthy_does_not():
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.health import Finding, Report
+    c = FakeSlurm()
+    bad = Report(findings=[Finding("xid", "critical", "fell off", "reboot", "xid79", 3)])
+    assert agent.slurm_act(bad, "gpu1", client=c)["action"] == "drained"
+    assert c.calls[-1] == ("drain", ["gpu1"], "gpufleet: xid79 gpu3")
+    c = FakeSlurm()
+    assert agent.slurm_act(Report(), "gpu1", client=c)["action"] == "none" and c.calls == []
+
+
+def test_drain_request_in_json_table_and_textfile(capsys, tmp_path):
+    capture = str(GPU_FIXTURES / "h100-8gpu-535.161.08-all-gpus-hw-power-brake-slowdown.nvidia-smi-q.txt")
+    rc, out, _err = run_main(capsys, "--nvidia-smi-text", capture, "--kmsg", "-", "--json",
+                             "--textfile", str(tmp_path))
+    d = json.loads(out)
+    assert (rc, d["verdict"], d["drain"]) == (1, "degraded", True)
+    text = (tmp_path / agent.PROM_FILE).read_text()
+    assert 'gpufleet_health_drain_requested{node="' in text and text.split("gpufleet_health_drain_requested{")[1] \
+        .split("\n")[0].endswith(" 1")
+    p = _promtool(tmp_path / agent.PROM_FILE)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rc, out, _err = run_main(capsys, "--nvidia-smi-text", capture, "--kmsg", "-")
+    assert "drain requested" in out
+    healthy = str(GPU_FIXTURES / "h100-8gpu-580.105.08-healthy.nvidia-smi-q-x.xml")
+    run_main(capsys, "--nvidia-smi-xml", healthy, "--kmsg", "-", "--textfile", str(tmp_path))
+    text = (tmp_path / agent.PROM_FILE).read_text()
+    assert text.split("gpufleet_health_drain_requested{")[1].split("\n")[0].endswith(" 0")

@@ -10,20 +10,21 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.health import
     read_nvidia_smi_xml,
 )
 
-# file -> (verdict, action, code, gpu)
+# file -> (verdict, action, code, gpu, drain)
 EXPECTED = {
-    "h100-8gpu-580.105.08-healthy.nvidia-smi-q-x.xml": ("healthy", "none", "ok", None),
-    "b200-8gpu-580.105.08-healthy.nvidia-smi-q-x.xml": ("healthy", "none", "ok", None),
-    "a100-sxm4-40gb-570.148.08-healthy.nvidia-smi-q-x.xml": ("healthy", "none", "ok", None),
+    "h100-8gpu-580.105.08-healthy.nvidia-smi-q-x.xml": ("healthy", "none", "ok", None, False),
+    "b200-8gpu-580.105.08-healthy.nvidia-smi-q-x.xml": ("healthy", "none", "ok", None, False),
+    "a100-sxm4-40gb-570.148.08-healthy.nvidia-smi-q-x.xml": ("healthy", "none", "ok", None, False),
     "h100-8gpu-535.161.08-all-gpus-hw-power-brake-slowdown.nvidia-smi-q.txt":
-        ("degraded", "monitor", "node_power_brake", None),
-    "h100-8gpu-535.183.01-gpu2-sw-power-cap-power-brake.nvidia-smi-q.txt": ("degraded", "monitor", "hw_power_brake", 2),
-    "dmesg-iso-xid48-63-94-dbe-rowremap-contained.log": ("unhealthy", "reset_gpu", "xid48", None),
-    "dmesg-iso-xid13-43-app-fault-storm.log": ("healthy", "none", "ok", None),
-    "dmesg-ctime-xid119-gsp-rpc-timeout-dell-xe9680.log": ("unhealthy", "reset_gpu", "xid119", None),
-    "kmsg-gb200-nvlink5-xid149-145-154.log": ("unhealthy", "reset_gpu", "xid154", None),
-    "kmsg-fallen-off-bus-without-xid.log": ("unhealthy", "reboot", "xid79", None),
-    "kmsg-nvswitch-sxid-samples.log": ("unhealthy", "reboot", "sxid24007", None),
+        ("degraded", "monitor", "node_power_brake", None, True),
+    "h100-8gpu-535.183.01-gpu2-sw-power-cap-power-brake.nvidia-smi-q.txt":
+        ("degraded", "monitor", "hw_power_brake", 2, False),
+    "dmesg-iso-xid48-63-94-dbe-rowremap-contained.log": ("unhealthy", "reset_gpu", "xid48", None, False),
+    "dmesg-iso-xid13-43-app-fault-storm.log": ("healthy", "none", "ok", None, False),
+    "dmesg-ctime-xid119-gsp-rpc-timeout-dell-xe9680.log": ("unhealthy", "reset_gpu", "xid119", None, False),
+    "kmsg-gb200-nvlink5-xid149-145-154.log": ("unhealthy", "reset_gpu", "xid154", None, False),
+    "kmsg-fallen-off-bus-without-xid.log": ("unhealthy", "reboot", "xid79", None, False),
+    "kmsg-nvswitch-sxid-samples.log": ("unhealthy", "reboot", "sxid24007", None, False),
 }
 
 
@@ -47,9 +48,10 @@ def test_every_capture_is_covered():
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_capture_verdict(name):
-    verdict, action, code, gpu = EXPECTED[name]
+    verdict, action, code, gpu, drain = EXPECTED[name]
     d = judge_file(name, now=2_000_000_000).to_dict()
-    assert (d["verdict"], d["action"], d["code"], d["gpu"]) == (verdict, action, code, gpu), d["summary"]
+    assert (d["verdict"], d["action"], d["code"], d["gpu"], d["drain"]) == (verdict, action, code, gpu, drain), \
+        d["summary"]
     assert d["summary"].startswith(verdict)
     for f in d["findings"]:
         assert set(f) >= {"check", "severity", "gpu", "detail", "evidence", "action", "code"}

@@ -5,6 +5,7 @@ import json
 import os
 
 import pytest
+from health_fixtures import h100, node
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.health import (
     ACTION_ORDER,
@@ -15,23 +16,6 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.health import
     Snapshot,
     judge,
 )
-
-
-def h100(index=0, **kw):
-    base = dict(index=index, name="NVIDIA H100 80GB HBM3", uuid=f"GPU-{index}",
-                pci_bus_id=f"00000000:{0x10 + index:02x}:00.0",
-                ecc_enabled=True, ecc_pending_enabled=True, ecc_volatile_sbe=0, ecc_volatile_dbe=0,
-                remapped_rows_pending=False, remapped_rows_failure=False, remapped_rows_uncorrectable=0,
-                temperature=40, temp_tlimit=40, clocks_event_reasons=["gpu_idle"], power_draw=70, power_limit=700,
-                power_default_limit=700, pcie_gen_current=5, pcie_gen_max=5, pcie_width_current=16,
-                pcie_width_max=16, pcie_replay_counter=100, recovery_action=0, persistence_mode=True,
-                fabric_state="Completed", fabric_status="Success")
-    base.update(kw)
-    return GpuSnapshot(**base)
-
-
-def node(*gpus, **kw):
-    return Snapshot(gpus=list(gpus) or [h100(i) for i in range(8)], driver_version="580.105.08", **kw)
 
 
 def codes(r):
@@ -49,9 +33,18 @@ def test_report_dict_shape_and_order():
                          Finding("b", "critical", "c", "reset_gpu", "c1", 2),
                          Finding("c", "info", "i", "none", "i1")])
     d = r.to_dict()
-    assert set(d) == {"verdict", "action", "code", "gpu", "findings", "summary"}
-    assert (d["verdict"], d["action"], d["code"], d["gpu"]) == ("unhealthy", "reset_gpu", "c1", 2)
+    assert set(d) == {"verdict", "action", "code", "gpu", "drain", "findings", "summary"}
+    assert (d["verdict"], d["action"], d["code"], d["gpu"], d["drain"]) == ("unhealthy", "reset_gpu", "c1", 2, False)
     assert r.drain_reason() == "gpufleet: c1 gpu2"
+    # a finding that asks for a drain (no automatic repair) sets report.drain and names the drain reason while the
+    # verdict alone would not drain; an unhealthy verdict keeps naming its worst finding
+    asks = Finding("clocks", "warning", "node brake", "monitor", "node_power_brake", drain=True)
+    r = Report(findings=[Finding("a", "warning", "w", "monitor", "w1", 1), asks])
+    assert (r.verdict, r.action, r.drain, r.to_dict()["drain"]) == ("degraded", "monitor", True, True)
+    assert r.to_dict()["findings"][1]["drain"] is True
+    assert r.drain_reason() == "gpufleet: node_power_brake"
+    r = Report(findings=[asks, Finding("b", "critical", "c", "reset_gpu", "c1", 2)])
+    assert r.drain and r.drain_reason() == "gpufleet: c1 gpu2"
     assert Report([Finding("p", "unknown", "x"), Finding("w", "warning", "y", "reboot")]).verdict == "unknown"
     with pytest.raises(ValueError, match="finding.action"):
         Finding("x", "info", "d", "explode")
