@@ -31,7 +31,7 @@ class _EngineOnly:
     def healthy_report(self):
         return self.real.healthy_report()
 
-    def plan_node(self, record, fleet, now_h, approvals=(), breaker=None):
+    def plan_node(self, record, fleet, now_h, approvals=(), breaker=None, fleet_key=None):
         self.calls["plan"] += 1
         return _Resume
 

@@ -28,6 +28,7 @@ from .brain import PARTITION, to_epoch, to_hours
 from .scenario import LEVEL
 
 H = 1.0 / 60.0  # one minute in hours
+_DOMAIN_KINDS = ("rack",)  # the failure-domain kinds of a node's virtual Slurm record (Sim._repair)
 
 
 @dataclass
@@ -770,6 +771,16 @@ class Sim:
                                                "available": rack_total - self.rack_out.get(r, 0),
                                                "unavailable": self.rack_out.get(r, 0)}}}}
 
+    def fleet_key(self, n: int) -> tuple:
+        """What the brain's cache keys fleet_counts(n) by (brain._fleet_key of it, the partition, the domain kinds),
+        built without the dicts."""
+        r = n // self.rack
+        rack_total = min(self.rack, self.N - r * self.rack)
+        ro = self.rack_out.get(r, 0)
+        out = self.out_count
+        hot = 1 if self.policy["spares"] == "hot" and self.idle else 0
+        return (self.N, self.N, self.N - out, out, hot, rack_total, rack_total - ro, ro, PARTITION, _DOMAIN_KINDS)
+
     # --- repair: the collection's repair policy decides every step -------------------------------------------------
     def start_repair(self, n: int, f: Failure) -> None:
         rec = self._rec(n)
@@ -808,10 +819,11 @@ class Sim:
                    "reason_user": "root" if ours else "slurm", "reason_time": now_s,
                    "report": v["report"], "report_time": now_s})
         approvals: set = set()
+        plan_node = self.brain.plan_node
+        stats = self.stats
         for _guard in range(200):
-            self.stats["brain_calls"] += 1
-            d = self.brain.plan_node(sl, self.fleet_counts(n), env.now, approvals=approvals,
-                                     breaker=self.breaker)
+            stats["brain_calls"] += 1
+            d = plan_node(sl, lambda: self.fleet_counts(n), env.now, approvals, self.breaker, self.fleet_key(n))
             a = d.action
             if a == "wait":
                 sl["history"] = d.history if d.history is not None else sl["history"]

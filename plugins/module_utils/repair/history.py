@@ -160,36 +160,43 @@ class History:
 def dumps(h: History) -> str:
     """The stored form: what ``json.dumps(obj, separators=(",", ":"), sort_keys=True)`` gives for the
     documented object, written out directly (keys in sorted order; strings escaped as json does)."""
-    out = []
-    if h.cooldown_until is not None:
-        out.append(f'"cd":{int(h.cooldown_until)}')
-    out.append(f'"gf":{VERSION}')
+    cd = h.cooldown_until
+    out = f'{{"gf":{VERSION}' if cd is None else f'{{"cd":{int(cd)},"gf":{VERSION}'
     inc = h.incident
     if inc is not None:
-        i = [f'"c":"{CLASS_CODE[inc.failure_class]}"']
+        i = f'"c":"{CLASS_CODE[inc.failure_class]}"'
         if inc.escalated is not None:
-            i.append(f'"e":{int(inc.escalated)}')
+            i += f',"e":{int(inc.escalated)}'
         if inc.gpu is not None:
-            i.append(f'"g":{int(inc.gpu)}')
+            i += f',"g":{int(inc.gpu)}'
         if inc.hooks:
-            i.append('"hk":"{}"'.format("".join(ACTION_CODE[a] for a in inc.hooks)))
-        i.append(f'"id":{int(inc.id)}')
-        i.append('"k":' + _json_str(inc.code[:MAX_CODE]))
+            i += ',"hk":"' + "".join([ACTION_CODE[a] for a in inc.hooks]) + '"'
+        i += f',"id":{int(inc.id)},"k":' + _json_str_memo(inc.code[:MAX_CODE])
         oj = _OUTCOME_JSON.get
-        steps = ",".join([f'["{ACTION_CODE[s.action]}",{int(s.started)},{oj(s.outcome, "null")}]' for s in inc.steps])
-        i.append(f'"s":[{steps}]')
+        i += ',"s":[' + ",".join([f'["{ACTION_CODE[s.action]}",{int(s.started)},{oj(s.outcome, "null")}]'
+                                  for s in inc.steps]) + "]"
         if inc.spare:
-            i.append('"sp":' + _json_str(inc.spare))
-        i.append(f'"t":{int(inc.first_seen)}')
-        out.append('"i":{' + ",".join(i) + "}")
-    out.append(f'"n":{int(h.seq)}')
+            i += ',"sp":' + _json_str_memo(inc.spare)
+        out += ',"i":{' + i + f',"t":{int(inc.first_seen)}}}'
+    out += f',"n":{int(h.seq)}'
     if h.past:
-        out.append('"p":"{}"'.format(",".join(f"{CLASS_CODE[c]}{int(t)}" for t, c in h.past)))
+        out += ',"p":"' + ",".join([f"{CLASS_CODE[c]}{int(t)}" for t, c in h.past]) + '"'
     if h.repairs:
-        out.append('"r":"{}"'.format(",".join(f"{ACTION_CODE[a]}{int(t)}" for t, a in h.repairs)))
-    return "{" + ",".join(out) + "}"
+        out += ',"r":"' + ",".join([f"{ACTION_CODE[a]}{int(t)}" for t, a in h.repairs]) + '"'
+    return out + "}"
 
 
+def _json_str_memo(s: str) -> str:
+    """_json_str(s), remembered for the few distinct codes and spare names a fleet has."""
+    out = _JSON_STRS.get(s)
+    if out is None:
+        if len(_JSON_STRS) >= 4096:
+            _JSON_STRS.clear()
+        out = _JSON_STRS[s] = _json_str(s)
+    return out
+
+
+_JSON_STRS: dict = {}
 _json_str = json.JSONEncoder(ensure_ascii=True).encode
 # _outcome_json for every outcome a Step holds (anything else, None and "" included, is null)
 _OUTCOME_JSON = {v: f'"{k}"' for k, v in OUTCOMES.items()}

@@ -205,3 +205,41 @@ def _shifted_open(h, delta):
     h = h.copy()
     h.incident.first_seen += delta
     return h
+
+
+def test_pruned_history_without_parsing_equals_prune():
+    """The cache's second key (the history plan() decides on) built from the stored text equals
+    dumps(prune(loads(text))) wherever it answers, and declines where prune() would sort by name."""
+    import random
+
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import History, dumps, loads
+    from gpufleet_sim.brain import prune_dumped
+
+    rng = random.Random(7)
+    now = 1_767_600_000
+    answered = 0
+    for _unused in range(3000):
+        h = History(seq=rng.randrange(1, 30))
+        if rng.random() < 0.6:
+            inc = h.open(rng.choice(["gpu_memory", "gpu_lost", "nvlink"]), rng.choice(["xid48", 'a"b', "x" * 40]),
+                         rng.choice([None, 3]), now - rng.randrange(0, 40 * 86400))
+            for _s in range(rng.randrange(3)):
+                h.start(rng.choice(["reset_gpu", "reboot", "reimage"]), now - rng.randrange(0, 3600))
+            inc.escalated = rng.choice([None, now - 60])
+            inc.spare = rng.choice([None, "node000123"])
+        h.repairs = [(now - rng.randrange(0, 40 * 86400), rng.choice(["reboot", "reset_gpu"]))
+                     for _r in range(rng.randrange(12))]
+        h.past = [(now - rng.randrange(0, 40 * 86400), "gpu_lost") for _p in range(rng.randrange(12))]
+        if rng.random() < 0.5:
+            h.repairs.sort()
+            h.past.sort()
+        h.cooldown_until = rng.choice([None, now - 60, now, now + 1800])
+        text = dumps(h)
+        for keep, cap in ((30 * 86400.0, 6), (86400.0, 0), (40 * 86400.0, 20)):
+            want = loads(text)
+            want.prune(now, keep, cap)
+            got = prune_dumped(text, now, keep, cap)
+            if got is not None:
+                answered += 1
+                assert got == dumps(want), text
+    assert answered > 3000
