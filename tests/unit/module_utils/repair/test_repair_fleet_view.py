@@ -88,8 +88,8 @@ def _decision(fl, n, cfg):
 SWEEP_NODES = [
     READY,
     FRESH,
-    node("n1", rack="r1", reason_time=NOW - H, history=hist(steps=[("reset_gpu", NOW - 2 * H, "failed"),
-                                                                    ("reboot", NOW - H, "failed")])),  # -> replace
+    node("n1", rack="r1", reason_time=NOW - H,
+         history=hist(steps=[("reset_gpu", NOW - 2 * H, "failed"), ("reboot", NOW - H, "failed")])),  # -> replace
     node("n1", rack="r1", reason_time=NOW - H, rep=HEALTHY, history=hist(steps=[("reboot", NOW - H, None)])),
     node("n1", rack="r1", reason_time=NOW - 60, history=None),  # new incident: the breaker counts it
     # a reboot whose intent was written but that never ran (no flag, booted before it): retracted, yet counted
