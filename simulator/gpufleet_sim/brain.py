@@ -27,7 +27,6 @@ from typing import Any
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils import health as _health
 from ansible_collections.gpufleet.reliability.plugins.module_utils import repair as _repair
-from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import history as _history
 
 EPOCH0 = 1_767_571_200  # Monday 2026-01-05 00:00 UTC: simulated hour 0
 PARTITION = "gpu"
@@ -39,9 +38,6 @@ GRID_S = 60  # times reach the brain on a one-minute grid
 _SPLIT_MEMO = 100_000  # history texts whose split is remembered (cleared when full; a memo, not a result)
 _GF = f'"gf":{HISTORY_VERSION}'
 _TIME = re.compile(r"(?<![0-9])([0-9]{10})(?![0-9])")
-# the end of a stored history: the top-level "n", "p" and "r" keys (the last ones written, in this order; a string
-# value never holds an unescaped quote, so the match cannot start inside one)
-_TAIL = re.compile(r',"n":([0-9]+)(?:,"p":"([^"]*)")?(?:,"r":"([^"]*)")?\}\Z')
 
 
 def split_history(text, now: int):
@@ -113,9 +109,8 @@ class CachedDecision:
             times = tuple([now + t for t in rel])
             text = _format(pieces) % times
         if self._memo is not None:
-            # the engine hands this text back on the node's next decision: remember its split (the text is the
-            # stored form of a plan() output shifted in time: what dumps() writes, hence the True)
-            self._memo[text] = (pieces, times, True)
+            # the engine hands this text back on the node's next decision: remember its split
+            self._memo[text] = (pieces, times)
         return text
 
     @property
@@ -157,8 +152,7 @@ class CollectionBrain:
         self.verify_every = verify_every
         self._plans: dict = {}
         self._views: dict = {}  # the fleet counts a decision is asked with -> repair.fleet_view of them
-        # history text -> (pieces, absolute times, written by dumps()): _split_abs, memoised
-        self._splits: dict = {}
+        self._splits: dict = {}  # history text -> (pieces, absolute times): _split_abs, memoised
 
     # --- health rules --------------------------------------------------------------------------------------------
     def judge(self, lines: tuple) -> dict:
@@ -211,7 +205,9 @@ class CollectionBrain:
             # stale entries (expired cooldown, incidents older than every window) differ decides the same way
             text = record.get("history")
             if text is not None and text.strip():
-                ckey = key[:6] + (("pruned", self._split(self._pruned(text, now), now, True)),) + key[7:]
+                h = _repair.loads(text)
+                h.prune(now, *self._retention)
+                ckey = key[:6] + (("pruned", self._split(_repair.dumps(h), now)),) + key[7:]
                 hit = self._plans.get(ckey)
                 if hit is not None:
                     self._plans[key] = hit
@@ -220,7 +216,7 @@ class CollectionBrain:
         if hit is None:
             d = self._plan(record, _counts(fleet), now, approvals, breaker)
             hit = (d.action, d.rule, d.earliest - now, d.needs_approval, d.approved, d.code, d.incident,
-                   self._split(d.history, now, True), self._split(d.history_after, now, True))
+                   self._split(d.history, now), self._split(d.history_after, now))
             self._plans[key] = self._plans[ckey] = hit
             return d
         self.calls["plan_cached"] += 1
@@ -242,79 +238,21 @@ class CollectionBrain:
                                        f"cached {getattr(d, f)!r} (record {record!r})")
         return d
 
-    def _split(self, text, now: int, dumped: bool = False):
-        """split_history(text, now), the text's split memoised (histories come back on the next decision).
-
-        ``dumped``: the text is known to be what repair's dumps() writes (a plan() output), remembered with it."""
+    def _split(self, text, now: int):
+        """split_history(text, now), the text's split memoised (histories come back on the next decision)."""
         if text is None:
             return None
         s = self._splits.get(text)
-        if s is None or (dumped and not s[2]):
+        if s is None:
             if len(self._splits) >= _SPLIT_MEMO:
                 self._splits.clear()
-            s = self._splits[text] = _split_abs(text) + (dumped,)
+            s = self._splits[text] = _split_abs(text)
         return s[0], tuple([t - now for t in s[1]])
-
-    def _pruned(self, text: str, now: int) -> str:
-        """The stored form of the history plan() decides on: dumps(prune(loads(text))) (repair.retention)."""
-        s = self._splits.get(text)
-        if s is not None and s[2]:
-            out = prune_dumped(text, now, *self._retention)
-            if out is not None:
-                return out
-        h = _repair.loads(text)
-        h.prune(now, *self._retention)
-        return _repair.dumps(h)
 
     def _plan(self, record, fleet, now, approvals, breaker):
         self.calls["plan"] += 1
         p = _repair.plan(fleet, [record], self.repair_config, now, approvals=approvals, breaker=breaker)
         return p[0]
-
-
-def prune_dumped(text: str, now: int, keep_s: float, cap: int = 0):
-    """dumps(h) for h = loads(text) after h.prune(now, keep_s, cap), for a ``text`` that dumps() wrote, without
-    parsing it: the cooldown ("cd", the first key) and the "p" and "r" lists (the last keys) are the only parts
-    prune() changes, and every other part of a dumps() output reads back and writes out unchanged. None where
-    this cannot be done exactly (times that are not ten-digit epochs, lists not strictly in time order, whose
-    sort would compare names): the caller then parses the text.
-    """
-    head, body = "{", 1
-    if text.startswith('{"cd":'):
-        if text[16:17] != "," or not text[6:16].isdigit():
-            return None
-        body = 17
-        if int(text[6:16]) > now:  # prune() forgets a cooldown that is over
-            head = text[:17]
-    pos = text.rfind(',"n":')
-    m = _TAIL.match(text, pos) if pos >= body else None
-    if m is None:
-        return None
-    cut = now - keep_s
-    out = [head, text[body:pos], ',"n":', m.group(1)]
-    for raw, width, mx, key in ((m.group(2), 2, _history.MAX_PAST, ',"p":"'),
-                                (m.group(3), 1, _history.MAX_REPAIRS, ',"r":"')):
-        if not raw:
-            continue
-        kept = []
-        last = -1
-        for e in raw.split(","):
-            t = e[width:]
-            if len(t) != 10 or not t.isdigit():
-                return None
-            ti = int(t)
-            if ti <= last:
-                return None  # sorted() would order equal times by name: leave it to prune()
-            last = ti
-            if ti >= cut:
-                kept.append(e)
-        kept = kept[-max(cap, mx):]
-        if kept:
-            out.append(key)
-            out.append(",".join(kept))
-            out.append('"')
-    out.append("}")
-    return "".join(out)
 
 
 def _counts(fleet):
