@@ -152,6 +152,14 @@ gpu:
   returned: always
   type: int
   sample: 3
+drain:
+  description:
+    - True when a finding asks for the node to be taken out of service although no automatic repair applies
+      (a node-level power brake or HW slowdown on every GPU; verdict V(degraded), action V(monitor)). The node
+      agent drains for it and the repair plan holds the node for a person.
+  returned: always
+  type: bool
+  sample: false
 summary:
   description: One line for humans.
   returned: always
