@@ -26,7 +26,7 @@ from .model import (
     RepairError,
     SpareMove,
 )
-from .policy import breaker_threshold, fleet_view, plan, retention
+from .policy import breaker_threshold, fleet_view, plan, retention, time_horizon
 
 __all__ = [
     "ACTIONS",
@@ -56,4 +56,5 @@ __all__ = [
     "plan",
     "record_outcome",
     "retention",
+    "time_horizon",
 ]

@@ -367,6 +367,36 @@ def retention(config: RepairConfig) -> Tuple[float, int]:
     return keep, cap
 
 
+def time_horizon(config: Any) -> Tuple[float, Tuple[float, ...]]:
+    """How plan() reads the age of a node's input times: ``(exact, windows)``.
+
+    The input times of a node are those of its history and its record's ``reason_time``, ``report_time`` and
+    ``boot_time`` (and the breaker's ``reset_at`` when a breaker state is passed). plan() at ``now`` reads a time
+    ``t >= now - exact`` by its exact age. It reads an older time in three ways only:
+
+    - whether ``t >= now - w``, for each ``w`` in ``windows`` (the lemon, escalation and retention windows longer
+      than ``exact``);
+    - its order among the node's other input times, ties included (History.prune sorts, retract matches);
+    - as a value copied unchanged into a returned history (a past incident, an old repair step, a first-seen time).
+
+    Every time a decision computes (a step's start, a cooldown, an escalation, ``earliest``) is ``now`` or later,
+    or a copy of an input time. So two inputs that differ only in times older than ``exact``, where those times
+    agree in the first two ways, get the same decision, the old times carried along. ``exact`` covers every
+    comparison of a time with ``now`` that has a finer grain: the flap ttl, the cooldown, the retry-budget and
+    breaker windows and every step timeout (a step without one times out after 1800 s). A cache of decisions (the
+    simulator's) can key on this instead of on every time.
+    """
+    if not isinstance(config, RepairConfig):
+        config = RepairConfig.from_dict(config)
+    exact = max(
+        [config.ttl_s, config.cooldown_s, config.budget_window_s, config.breaker_window_s, 1800.0, 60.0]
+        + list(config.step_timeout_s.values())
+    )
+    keep, _cap = retention(config)
+    windows = sorted({w for w in (config.escalate_window_s, config.lemon_window_s, keep) if w > exact})
+    return exact, tuple(windows)
+
+
 def breaker_threshold(config: RepairConfig, total: int) -> int:
     """How many distinct nodes failing within the breaker window trip the circuit breaker in a fleet of ``total``."""
     return max(config.breaker_min_nodes, int(math.ceil(config.breaker_fraction * total - 1e-9)))
