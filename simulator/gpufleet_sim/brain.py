@@ -11,13 +11,16 @@ same, and the cache keeps 100,000-GPU runs fast.
 
 repair.plan() answers are cached too, exactly: the policy is a pure function of (history, report, node state,
 fleet counts, config, now) (repair/history.py says so) and depends on time only through differences, so a call is
-keyed with every time made relative to ``now`` (the history text split into its time-free pieces and the
-offsets of its times, see split_history) and without the node's name. The fleet counts enter the key only as
+keyed with its times made relative to ``now`` (the history text split into its time-free pieces and its times, see
+split_history) and without the node's name. A time older than ``repair.time_horizon``'s ``exact`` enters the key
+only as what plan() reads of it: its side of each longer window and its rank among the node's old times; a stored
+decision refers to an old time it copies by that rank. The fleet counts enter the key only as
 ``repair.fleet_view``: the outcomes of the checks plan() itself runs on them for a node planned alone (the policy's
-code, not a model of its limits), memoised per distinct counts. Times reach the brain on a one-minute grid, as a
-repair run would see them. A miss calls the real plan() on the real inputs; a hit translates the
-stored answer back. Every ``verify_every``-th hit is recomputed with the real plan() and compared field by field:
-a difference raises (tests run with verify_every=1).
+code, not a model of its limits), memoised per distinct counts. Both views are the policy's published contracts,
+tested against plan() in tests/unit/module_utils/repair. Times reach the brain on a one-minute grid, as a repair run
+would see them. A miss calls the real plan() on the real inputs; a hit translates the stored answer back. Every
+``verify_every``-th hit is recomputed with the real plan() and compared field by field: a difference raises (tests
+run with verify_every=1).
 """
 
 from __future__ import annotations
@@ -144,9 +147,10 @@ class CollectionBrain:
             modes["default"] = "approval"
             cfg["modes"] = modes
         self.repair_config = _repair.RepairConfig.from_dict(cfg)
-        self._retention = _repair.retention(self.repair_config)
+        self._exact, self._windows = _repair.time_horizon(self.repair_config)
         self._judged: dict[tuple, dict] = {}
-        self.calls = {"judge": 0, "judge_cached": 0, "plan": 0, "plan_cached": 0, "plan_verified": 0}
+        self.calls = {"judge": 0, "judge_cached": 0, "plan": 0, "plan_cached": 0, "plan_verified": 0,
+                      "plan_cached_old": 0}
         self._healthy = None
         self.cache = cache
         self.verify_every = verify_every
@@ -185,7 +189,6 @@ class CollectionBrain:
         if not self.cache or breaker is not None:
             return self._plan(record, _counts(fleet), now, approvals, breaker)
         name = record["name"]
-        rt, pt = record.get("reason_time"), record.get("report_time")
         # the fleet enters the key only through what plan() reads of it for this node (repair.fleet_view: the
         # outcomes of its own blast-radius, min-healthy, breaker and spare checks), memoised per raw counts
         if fleet_key is None:
@@ -195,39 +198,30 @@ class CollectionBrain:
         if view is None:
             fleet = _counts(fleet)
             view = self._views[fleet_key] = _repair.fleet_view(fleet, record, self.repair_config)
-        key = (record["state"], record.get("reason"), record.get("reason_user"),
-               None if rt is None else rt - now, id(record.get("report")), None if pt is None else pt - now,
-               self._split(record.get("history"), now), view,
-               frozenset((a, i) for n, a, i in approvals if n == name) if approvals else None)
+        hkey, olds = self._times(record, now)
+        key = (record["state"], record.get("reason"), record.get("reason_user"), id(record.get("report")), hkey,
+               view, frozenset((a, i) for n, a, i in approvals if n == name) if approvals else None)
         hit = self._plans.get(key)
         if hit is None:
-            # second chance: plan() decides on the pruned history only (repair.retention), so a history whose
-            # stale entries (expired cooldown, incidents older than every window) differ decides the same way
-            text = record.get("history")
-            if text is not None and text.strip():
-                h = _repair.loads(text)
-                h.prune(now, *self._retention)
-                ckey = key[:6] + (("pruned", self._split(_repair.dumps(h), now)),) + key[7:]
-                hit = self._plans.get(ckey)
-                if hit is not None:
-                    self._plans[key] = hit
-            else:
-                ckey = key
-        if hit is None:
             d = self._plan(record, _counts(fleet), now, approvals, breaker)
-            hit = (d.action, d.rule, d.earliest - now, d.needs_approval, d.approved, d.code, d.incident,
-                   self._split(d.history, now), self._split(d.history_after, now))
-            self._plans[key] = self._plans[ckey] = hit
+            hit = self._store(d, record, now, olds)
+            if hit is not None:
+                self._plans[key] = hit
             return d
         self.calls["plan_cached"] += 1
-        a, rule, e_rel, na, ap, code, inc, h, ha = hit
-        src = key[6]
-        if src is not None:
-            # a history the decision leaves as it came in is that very text: no join needed
-            if h == src:
-                h = record["history"]
-            if ha == src:
-                ha = record["history"]
+        if olds:
+            self.calls["plan_cached_old"] += 1  # a hit on a key with times older than the horizon
+        a, rule, e_rel, na, ap, code, inc, h, ha, old_refs = hit
+        if h is _SAME:
+            h = record["history"]  # the decision leaves the history as it came in: that very text
+        if ha is _SAME:
+            ha = record["history"]
+        if old_refs:
+            # times the decision copied from the input's old times: this input's values of them
+            if h.__class__ is tuple:
+                h = _resolve(h, olds, now)
+            if ha.__class__ is tuple:
+                ha = _resolve(ha, olds, now)
         d = CachedDecision(name, a, rule, now + e_rel, na, ap, code, inc, h, ha, now, self._splits)
         if self.verify_every and self.calls["plan_cached"] % self.verify_every == 0:
             self.calls["plan_verified"] += 1
@@ -238,21 +232,87 @@ class CollectionBrain:
                                        f"cached {getattr(d, f)!r} (record {record!r})")
         return d
 
-    def _split(self, text, now: int):
-        """split_history(text, now), the text's split memoised (histories come back on the next decision)."""
-        if text is None:
+    def _times(self, record, now: int):
+        """The key of a record's times (its history's and reason/report/boot times) at ``now``, and the old ones.
+
+        repair.time_horizon: plan() reads a time ``t >= now - exact`` by its exact age (kept as the offset
+        ``t - now``) and an older one only by its side of each longer window and its order among the input times
+        (kept as ``(windows it lies in, rank among the distinct old times)``), or copies it. ``olds`` lists the
+        distinct old times in order, so a stored decision can refer to a copied one by its rank."""
+        text = record.get("history")
+        pieces, abs_t = (None, ()) if text is None else self._split_abs(text)
+        rec = (record.get("reason_time"), record.get("report_time"), record.get("boot_time"))
+        cut = now - self._exact
+        if (not abs_t or min(abs_t) >= cut) and all(t is None or t >= cut for t in rec):
+            return (pieces, tuple([t - now for t in abs_t]),
+                    tuple([None if t is None else t - now for t in rec])), ()
+        olds = sorted({t for t in abs_t + rec if t is not None and t < cut})
+        rank = {t: i for i, t in enumerate(olds)}
+        bounds = [now - w for w in self._windows]
+
+        def k(t):
+            if t is None:
+                return None
+            if t >= cut:
+                return t - now
+            return sum(1 for b in bounds if t >= b), rank[t]
+
+        return (pieces, tuple([k(t) for t in abs_t]), tuple([k(t) for t in rec])), olds
+
+    def _store(self, d, record, now: int, olds):
+        """The cache entry of a real Decision: times relative to ``now``, or a rank into ``olds`` where the
+        decision copied an old input time; None when it cannot be stored that way (a time older than the horizon
+        that is no input time: time_horizon says that does not happen, and then nothing is cached)."""
+        cut = now - self._exact
+        if d.earliest < cut:
             return None
+        src = record.get("history")
+        rank = {t: i for i, t in enumerate(olds)}
+        old_refs = False
+        out = []
+        for text in (d.history, d.history_after):
+            if text is None:
+                out.append(None)
+                continue
+            if text == src:
+                out.append(_SAME)
+                continue
+            pieces, abs_t = self._split_abs(text)
+            refs = []
+            for t in abs_t:
+                if t >= cut:
+                    refs.append(t - now)
+                elif t in rank:
+                    refs.append((rank[t],))
+                    old_refs = True
+                else:
+                    return None
+            out.append((pieces, tuple(refs)))
+        return (d.action, d.rule, d.earliest - now, d.needs_approval, d.approved, d.code, d.incident, out[0], out[1],
+                old_refs)
+
+    def _split_abs(self, text):
+        """_split_abs(text), memoised (histories come back on the node's next decision)."""
         s = self._splits.get(text)
         if s is None:
             if len(self._splits) >= _SPLIT_MEMO:
                 self._splits.clear()
             s = self._splits[text] = _split_abs(text)
-        return s[0], tuple([t - now for t in s[1]])
+        return s
 
     def _plan(self, record, fleet, now, approvals, breaker):
         self.calls["plan"] += 1
         p = _repair.plan(fleet, [record], self.repair_config, now, approvals=approvals, breaker=breaker)
         return p[0]
+
+
+_SAME = object()  # a cached history that is the input's own text
+
+
+def _resolve(split, olds, now: int):
+    """A stored (pieces, refs) with every old-time rank turned into its offset from ``now`` in this input."""
+    pieces, refs = split
+    return pieces, tuple([r if r.__class__ is int else olds[r[0]] - now for r in refs])
 
 
 def _counts(fleet):

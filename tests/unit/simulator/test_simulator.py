@@ -94,6 +94,15 @@ def test_plan_cache_is_exact():
             b = run_one(sc, pol, seed, plain)
             assert a == b
             assert checked.calls["plan_cached"] > 0 and checked.calls["plan_verified"] == checked.calls["plan_cached"]
+    # lemons: histories with incidents days old, keyed by repair.time_horizon (their side of each window, their
+    # order) and carried into the decisions' histories; every such hit is checked against the real plan() too
+    sc = scn.load(val.SCENARIOS / "airesim-default.yaml")
+    pol = resolve("passive+auto-repair+hot-spares")
+    checked = default_brain(sc, verify_every=1)
+    a = run_one(sc, pol, 1, checked, horizon_h=60 * 24.0)
+    b = run_one(sc, pol, 1, default_brain(sc, cache=False), horizon_h=60 * 24.0)
+    assert a == b
+    assert checked.calls["plan_cached_old"] > 100 and checked.calls["plan_verified"] == checked.calls["plan_cached"]
 
 
 def test_history_split_finds_every_time_and_round_trips():
