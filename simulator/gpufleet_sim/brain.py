@@ -26,6 +26,7 @@ run with verify_every=1).
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from typing import Any
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils import health as _health
@@ -108,9 +109,9 @@ class CachedDecision:
             text = pieces[0]
             times = rel
         else:
-            now = self._now
-            times = tuple([now + t for t in rel])
-            text = _format(pieces) % times
+            times = tuple(map(self._now.__add__, rel))
+            fmt = _FORMATS.get(pieces)
+            text = (_format(pieces) if fmt is None else fmt) % times
         if self._memo is not None:
             # the engine hands this text back on the node's next decision: remember its split
             self._memo[text] = (pieces, times)
@@ -148,6 +149,7 @@ class CollectionBrain:
             cfg["modes"] = modes
         self.repair_config = _repair.RepairConfig.from_dict(cfg)
         self._exact, self._windows = _repair.time_horizon(self.repair_config)
+        self._old_base = -int(self._exact) - 1  # codes of old times in a key lie below every offset
         self._judged: dict[tuple, dict] = {}
         self.calls = {"judge": 0, "judge_cached": 0, "plan": 0, "plan_cached": 0, "plan_verified": 0,
                       "plan_cached_old": 0}
@@ -185,22 +187,37 @@ class CollectionBrain:
         ``fleet`` is the counts (Sim.fleet_counts' shape) or a function that builds them; ``fleet_key``, when
         given, is what _fleet_key gives for them plus the record's partition and domain kinds (the caller builds
         it without the dict; the counts are then built only when the real plan() or fleet_view() reads them)."""
-        now = to_epoch(now_h)
+        now = EPOCH0 + round(now_h * 60.0) * GRID_S  # to_epoch(now_h)
         if not self.cache or breaker is not None:
             return self._plan(record, _counts(fleet), now, approvals, breaker)
-        name = record["name"]
+        get = record.get
         # the fleet enters the key only through what plan() reads of it for this node (repair.fleet_view: the
         # outcomes of its own blast-radius, min-healthy, breaker and spare checks), memoised per raw counts
         if fleet_key is None:
             fleet = _counts(fleet)
-            fleet_key = _fleet_key(fleet) + (record.get("partition"), tuple(record.get("domains") or ()))
+            fleet_key = _fleet_key(fleet) + (get("partition"), tuple(get("domains") or ()))
         view = self._views.get(fleet_key)
         if view is None:
             fleet = _counts(fleet)
             view = self._views[fleet_key] = _repair.fleet_view(fleet, record, self.repair_config)
-        hkey, olds = self._times(record, now)
-        key = (record["state"], record.get("reason"), record.get("reason_user"), id(record.get("report")), hkey,
-               view, frozenset((a, i) for n, a, i in approvals if n == name) if approvals else None)
+        # the times (see _times): when none is older than the horizon, every one is an offset from now
+        text = get("history")
+        if text is None:
+            pieces, abs_t = None, ()
+        else:
+            s = self._splits.get(text)
+            pieces, abs_t = self._split_abs(text) if s is None else s
+        rt, pt = get("reason_time"), get("report_time")
+        cut = now - self._exact
+        if ((rt is None or rt >= cut) and (pt is None or pt >= cut) and get("boot_time") is None
+                and (not abs_t or min(abs_t) >= cut)):
+            olds = ()
+            tkey = (pieces, tuple(map(now.__rsub__, abs_t)), None if rt is None else rt - now,
+                    None if pt is None else pt - now)
+        else:
+            tkey, olds = self._times(record, now)
+        key = (record["state"], get("reason"), get("reason_user"), id(get("report")), tkey, view,
+               frozenset((a, i) for n, a, i in approvals if n == record["name"]) if approvals else None)
         hit = self._plans.get(key)
         if hit is None:
             d = self._plan(record, _counts(fleet), now, approvals, breaker)
@@ -222,7 +239,7 @@ class CollectionBrain:
                 h = _resolve(h, olds, now)
             if ha.__class__ is tuple:
                 ha = _resolve(ha, olds, now)
-        d = CachedDecision(name, a, rule, now + e_rel, na, ap, code, inc, h, ha, now, self._splits)
+        d = CachedDecision(record["name"], a, rule, now + e_rel, na, ap, code, inc, h, ha, now, self._splits)
         if self.verify_every and self.calls["plan_cached"] % self.verify_every == 0:
             self.calls["plan_verified"] += 1
             real = self._plan(record, _counts(fleet), now, approvals, breaker)
@@ -233,31 +250,24 @@ class CollectionBrain:
         return d
 
     def _times(self, record, now: int):
-        """The key of a record's times (its history's and reason/report/boot times) at ``now``, and the old ones.
+        """The key of a record's times (its history's and reason/report/boot times) at ``now`` when some are older
+        than the horizon, and the distinct old times in order (plan_node builds the key when none is).
 
         repair.time_horizon: plan() reads a time ``t >= now - exact`` by its exact age (kept as the offset
         ``t - now``) and an older one only by its side of each longer window and its order among the input times
-        (kept as ``(windows it lies in, rank among the distinct old times)``), or copies it. ``olds`` lists the
-        distinct old times in order, so a stored decision can refer to a copied one by its rank."""
+        (kept as its rank among the distinct old times, and per window how many old times lie outside it), or
+        copies it: a stored decision refers to a copied old time by its rank."""
         text = record.get("history")
         pieces, abs_t = (None, ()) if text is None else self._split_abs(text)
         rec = (record.get("reason_time"), record.get("report_time"), record.get("boot_time"))
         cut = now - self._exact
-        if (not abs_t or min(abs_t) >= cut) and all(t is None or t >= cut for t in rec):
-            return (pieces, tuple([t - now for t in abs_t]),
-                    tuple([None if t is None else t - now for t in rec])), ()
         olds = sorted({t for t in abs_t + rec if t is not None and t < cut})
-        rank = {t: i for i, t in enumerate(olds)}
-        bounds = [now - w for w in self._windows]
-
-        def k(t):
-            if t is None:
-                return None
-            if t >= cut:
-                return t - now
-            return sum(1 for b in bounds if t >= b), rank[t]
-
-        return (pieces, tuple([k(t) for t in abs_t]), tuple([k(t) for t in rec])), olds
+        # an old time's code is its rank, below every offset (offsets are >= -exact); the key adds, per window,
+        # how many of the old times lie outside it (they are in order, so that gives each one's side)
+        codes = dict(zip(olds, range(self._old_base, self._old_base - len(olds), -1)))
+        return (pieces, tuple([codes[t] if t < cut else t - now for t in abs_t]),
+                tuple([None if t is None else codes[t] if t < cut else t - now for t in rec]),
+                tuple([bisect_left(olds, now - w) for w in self._windows]), "old"), olds
 
     def _store(self, d, record, now: int, olds):
         """The cache entry of a real Decision: times relative to ``now``, or a rank into ``olds`` where the
@@ -331,7 +341,7 @@ def _fleet_key(fleet: dict) -> tuple:
 
 def to_epoch(h: float) -> int:
     """Simulated hours -> epoch seconds on the brain's one-minute grid."""
-    return EPOCH0 + int(round(h * 60.0)) * GRID_S
+    return EPOCH0 + round(h * 60.0) * GRID_S  # round() of a float is an int
 
 
 def to_hours(epoch: float) -> float:

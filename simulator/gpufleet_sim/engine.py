@@ -21,6 +21,7 @@ import math
 import random
 import zlib
 from dataclasses import dataclass, field
+from functools import partial
 
 import simpy
 
@@ -203,10 +204,11 @@ class Job:
         # detection: wait until the last pending failure has been found (and a person, if needed, acted)
         self._enter("detection")
         while True:
-            due = max((f.detect_at for f in self.pending), default=env.now)
-            if due <= env.now:
+            now = env.now
+            due = max([f.detect_at for f in self.pending]) if self.pending else now
+            if due <= now:
                 break
-            yield from self._sleep(due - env.now)
+            yield from self._sleep(due - now)
         failures, self.pending = self.pending, []
         for f in failures:
             if f.remove and f.node is not None:
@@ -821,13 +823,17 @@ class Sim:
         approvals: set = set()
         plan_node = self.brain.plan_node
         stats = self.stats
+        counts = partial(self.fleet_counts, n)  # built only when the brain reads the counts
         for _guard in range(200):
             stats["brain_calls"] += 1
-            d = plan_node(sl, lambda: self.fleet_counts(n), env.now, approvals, self.breaker, self.fleet_key(n))
+            now = env.now
+            d = plan_node(sl, counts, now, approvals, self.breaker, self.fleet_key(n))
             a = d.action
             if a == "wait":
-                sl["history"] = d.history if d.history is not None else sl["history"]
-                yield env.timeout(max(to_hours(d.earliest) - env.now, 1.0 * H))
+                h = d.history
+                if h is not None:
+                    sl["history"] = h
+                yield env.timeout(max(to_hours(d.earliest) - now, 1.0 * H))
                 continue
             if a in ("hold", "escalate"):
                 # the brain hands the node to a person: someone diagnoses it and fixes it by hand
