@@ -37,7 +37,8 @@ class _EngineOnly:
 
 
 class _Resume:
-    action, rule, history, history_after, needs_approval, approved, code = "resume", "", None, None, False, False, ""
+    action, rule, needs_approval, approved, code = "resume", "", False, False, ""
+    history_ref = history_after_ref = None
 
 
 def timed(sc, label, engine_only=False):

@@ -88,54 +88,89 @@ def _format(pieces: tuple) -> str:
     return fmt
 
 
+class HistoryText:
+    """A repair history the cache rebuilt: its text pieces and absolute times, formatted into the stored text only
+    when something reads the text (a real plan() call, a verification). The engine keeps it in the node's record as
+    it would keep the text, and the brain reads its times back without formatting or splitting anything."""
+
+    __slots__ = ("pieces", "times", "_text")
+
+    def __init__(self, pieces: tuple, times: tuple):
+        self.pieces, self.times, self._text = pieces, times, None
+
+    @property
+    def text(self) -> str:
+        t = self._text
+        if t is None:
+            pieces = self.pieces
+            if self.times:
+                fmt = _FORMATS.get(pieces)
+                t = (_format(pieces) if fmt is None else fmt) % self.times
+            else:
+                t = pieces[0]
+            self._text = t
+        return t
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __repr__(self) -> str:
+        return f"HistoryText({self.text!r})"
+
+
+def history_text(h):
+    """The text of a history as the engine keeps it: a text, a HistoryText or None."""
+    return h.text if h.__class__ is HistoryText else h
+
+
 class CachedDecision:
-    """What the engine reads from a Decision, rebuilt from the cache (times translated back, histories rebuilt
-    only when read)."""
+    """What the engine reads from a Decision (a real one, or one rebuilt from the cache with its times translated
+    back). ``history`` and ``history_after`` are the texts; ``history_ref`` and ``history_after_ref`` the same
+    histories as the engine keeps them (a text or a HistoryText, formatted only if a real plan() reads it)."""
 
     __slots__ = ("node", "action", "rule", "earliest", "needs_approval", "approved", "code", "incident",
-                 "_h", "_ha", "_now", "_memo")
+                 "_h", "_ha", "_now")
     FIELDS = ("action", "rule", "earliest", "needs_approval", "approved", "code", "incident", "history",
               "history_after")
 
-    def __init__(self, node, action, rule, earliest, needs_approval, approved, code, incident, h, ha, now,
-                 memo=None):
+    def __init__(self, node, action, rule, earliest, needs_approval, approved, code, incident, h, ha, now):
         self.node, self.action, self.rule, self.earliest = node, action, rule, earliest
         self.needs_approval, self.approved, self.code, self.incident = needs_approval, approved, code, incident
-        self._h, self._ha, self._now, self._memo = h, ha, now, memo
+        self._h, self._ha, self._now = h, ha, now
 
-    def _join(self, split):
-        pieces, rel = split
-        if not rel:
-            text = pieces[0]
-            times = rel
-        else:
-            times = tuple(map(self._now.__add__, rel))
-            fmt = _FORMATS.get(pieces)
-            text = (_format(pieces) if fmt is None else fmt) % times
-        if self._memo is not None:
-            # the engine hands this text back on the node's next decision: remember its split
-            self._memo[text] = (pieces, times)
-        return text
+    @property
+    def history_ref(self):
+        h = self._h
+        if h.__class__ is tuple:  # (pieces, offsets from now): made into a HistoryText once, on first read
+            pieces, rel = h
+            self._h = h = HistoryText(pieces, tuple(map(self._now.__add__, rel)))
+        return h
+
+    @property
+    def history_after_ref(self):
+        h = self._ha
+        if h.__class__ is tuple:
+            pieces, rel = h
+            self._ha = h = HistoryText(pieces, tuple(map(self._now.__add__, rel)))
+        return h
 
     @property
     def history(self):
-        h = self._h
-        if h is None or h.__class__ is str:
-            return h
-        self._h = h = self._join(h)  # joined once, on first read
-        return h
+        return history_text(self.history_ref)
 
     @property
     def history_after(self):
-        h = self._ha
-        if h is None or h.__class__ is str:
-            return h
-        self._ha = h = self._join(h)
-        return h
+        return history_text(self.history_after_ref)
 
     @property
     def approval_key(self):
         return (self.node, self.action, self.incident or "-")
+
+    @classmethod
+    def of(cls, d, now: int):
+        """A real Decision in the same shape."""
+        return cls(d.node, d.action, d.rule, d.earliest, d.needs_approval, d.approved, d.code, d.incident,
+                   d.history, d.history_after, now)
 
 
 class CollectionBrain:
@@ -189,7 +224,7 @@ class CollectionBrain:
         it without the dict; the counts are then built only when the real plan() or fleet_view() reads them)."""
         now = EPOCH0 + round(now_h * 60.0) * GRID_S  # to_epoch(now_h)
         if not self.cache or breaker is not None:
-            return self._plan(record, _counts(fleet), now, approvals, breaker)
+            return CachedDecision.of(self._plan(record, _counts(fleet), now, approvals, breaker), now)
         get = record.get
         # the fleet enters the key only through what plan() reads of it for this node (repair.fleet_view: the
         # outcomes of its own blast-radius, min-healthy, breaker and spare checks), memoised per raw counts
@@ -199,11 +234,13 @@ class CollectionBrain:
         view = self._views.get(fleet_key)
         if view is None:
             fleet = _counts(fleet)
-            view = self._views[fleet_key] = _repair.fleet_view(fleet, record, self.repair_config)
+            view = self._views[fleet_key] = _repair.fleet_view(fleet, _textual(record), self.repair_config)
         # the times (see _times): when none is older than the horizon, every one is an offset from now
         text = get("history")
         if text is None:
             pieces, abs_t = None, ()
+        elif text.__class__ is HistoryText:
+            pieces, abs_t = text.pieces, text.times
         else:
             s = self._splits.get(text)
             pieces, abs_t = self._split_abs(text) if s is None else s
@@ -224,13 +261,13 @@ class CollectionBrain:
             hit = self._store(d, record, now, olds)
             if hit is not None:
                 self._plans[key] = hit
-            return d
+            return CachedDecision.of(d, now)
         self.calls["plan_cached"] += 1
         if olds:
             self.calls["plan_cached_old"] += 1  # a hit on a key with times older than the horizon
         a, rule, e_rel, na, ap, code, inc, h, ha, old_refs = hit
         if h is _SAME:
-            h = record["history"]  # the decision leaves the history as it came in: that very text
+            h = record["history"]  # the decision leaves the history as it came in: that very history
         if ha is _SAME:
             ha = record["history"]
         if old_refs:
@@ -239,7 +276,7 @@ class CollectionBrain:
                 h = _resolve(h, olds, now)
             if ha.__class__ is tuple:
                 ha = _resolve(ha, olds, now)
-        d = CachedDecision(record["name"], a, rule, now + e_rel, na, ap, code, inc, h, ha, now, self._splits)
+        d = CachedDecision(record["name"], a, rule, now + e_rel, na, ap, code, inc, h, ha, now)
         if self.verify_every and self.calls["plan_cached"] % self.verify_every == 0:
             self.calls["plan_verified"] += 1
             real = self._plan(record, _counts(fleet), now, approvals, breaker)
@@ -258,7 +295,12 @@ class CollectionBrain:
         (kept as its rank among the distinct old times, and per window how many old times lie outside it), or
         copies it: a stored decision refers to a copied old time by its rank."""
         text = record.get("history")
-        pieces, abs_t = (None, ()) if text is None else self._split_abs(text)
+        if text is None:
+            pieces, abs_t = None, ()
+        elif text.__class__ is HistoryText:
+            pieces, abs_t = text.pieces, text.times
+        else:
+            pieces, abs_t = self._split_abs(text)
         rec = (record.get("reason_time"), record.get("report_time"), record.get("boot_time"))
         cut = now - self._exact
         olds = sorted({t for t in abs_t + rec if t is not None and t < cut})
@@ -276,7 +318,7 @@ class CollectionBrain:
         cut = now - self._exact
         if d.earliest < cut:
             return None
-        src = record.get("history")
+        src = history_text(record.get("history"))
         rank = {t: i for i, t in enumerate(olds)}
         old_refs = False
         out = []
@@ -312,7 +354,7 @@ class CollectionBrain:
 
     def _plan(self, record, fleet, now, approvals, breaker):
         self.calls["plan"] += 1
-        p = _repair.plan(fleet, [record], self.repair_config, now, approvals=approvals, breaker=breaker)
+        p = _repair.plan(fleet, [_textual(record)], self.repair_config, now, approvals=approvals, breaker=breaker)
         return p[0]
 
 
@@ -323,6 +365,12 @@ def _resolve(split, olds, now: int):
     """A stored (pieces, refs) with every old-time rank turned into its offset from ``now`` in this input."""
     pieces, refs = split
     return pieces, tuple([r if r.__class__ is int else olds[r[0]] - now for r in refs])
+
+
+def _textual(record: dict) -> dict:
+    """The record as repair.plan() takes it: the history as its text."""
+    h = record.get("history")
+    return dict(record, history=h.text) if h.__class__ is HistoryText else record
 
 
 def _counts(fleet):

@@ -830,17 +830,17 @@ class Sim:
             d = plan_node(sl, counts, now, approvals, self.breaker, self.fleet_key(n))
             a = d.action
             if a == "wait":
-                h = d.history
+                h = d.history_ref
                 if h is not None:
                     sl["history"] = h
                 yield env.timeout(max(to_hours(d.earliest) - now, 1.0 * H))
                 continue
             if a in ("hold", "escalate"):
                 # the brain hands the node to a person: someone diagnoses it and fixes it by hand
-                if a == "escalate" and d.history_after is not None:
-                    sl["history"] = d.history_after
-                elif d.history is not None:
-                    sl["history"] = d.history
+                if a == "escalate" and d.history_after_ref is not None:
+                    sl["history"] = d.history_after_ref
+                elif d.history_ref is not None:
+                    sl["history"] = d.history_ref
                 self.stats["escalations"] += 1
                 if d.rule == "breaker":
                     yield env.timeout(self.human_ready(env.now) - env.now)
@@ -862,8 +862,8 @@ class Sim:
                 continue
             if mode == "manual":
                 yield env.timeout(self.human_ready(env.now) - env.now)
-            if d.history_after is not None:
-                sl["history"] = d.history_after
+            if d.history_after_ref is not None:
+                sl["history"] = d.history_after_ref
             if a == "drain":
                 sl.update({"state": "IDLE+DRAIN", "reason": f"gpufleet: {d.code}", "reason_user": "root",
                            "reason_time": to_epoch(env.now)})
