@@ -183,8 +183,7 @@ class CollectionBrain:
             modes["default"] = "approval"
             cfg["modes"] = modes
         self.repair_config = _repair.RepairConfig.from_dict(cfg)
-        self._exact, self._windows = _repair.time_horizon(self.repair_config)
-        self._old_base = -int(self._exact) - 1  # codes of old times in a key lie below every offset
+        self._horizons: dict = {}  # history skeleton -> repair.time_horizon for it, and the code base of old times
         self._judged: dict[tuple, dict] = {}
         self.calls = {"judge": 0, "judge_cached": 0, "plan": 0, "plan_cached": 0, "plan_verified": 0,
                       "plan_cached_old": 0}
@@ -245,20 +244,23 @@ class CollectionBrain:
             s = self._splits.get(text)
             pieces, abs_t = self._split_abs(text) if s is None else s
         rt, pt = get("reason_time"), get("report_time")
-        cut = now - self._exact
+        hz = self._horizons.get(pieces)
+        if hz is None:
+            hz = self._horizon(pieces)
+        cut = now - hz[0]
         if ((rt is None or rt >= cut) and (pt is None or pt >= cut) and get("boot_time") is None
                 and (not abs_t or min(abs_t) >= cut)):
             olds = ()
             tkey = (pieces, tuple(map(now.__rsub__, abs_t)), None if rt is None else rt - now,
                     None if pt is None else pt - now)
         else:
-            tkey, olds = self._times(record, now)
+            tkey, olds = self._times(record, now, hz)
         key = (record["state"], get("reason"), get("reason_user"), id(get("report")), tkey, view,
                frozenset((a, i) for n, a, i in approvals if n == record["name"]) if approvals else None)
         hit = self._plans.get(key)
         if hit is None:
             d = self._plan(record, _counts(fleet), now, approvals, breaker)
-            hit = self._store(d, record, now, olds)
+            hit = self._store(d, record, now, olds, cut)
             if hit is not None:
                 self._plans[key] = hit
             return CachedDecision.of(d, now)
@@ -286,7 +288,21 @@ class CollectionBrain:
                                        f"cached {getattr(d, f)!r} (record {record!r})")
         return d
 
-    def _times(self, record, now: int):
+    def _horizon(self, pieces):
+        """repair.time_horizon for the histories of this skeleton (whose step is in progress, if any, is in the
+        skeleton: it is the open incident's last step without an outcome), and the code base of old times."""
+        steps = ()
+        if pieces is not None:
+            inc = _repair.loads("1000000000".join(pieces)).incident  # any times: the skeleton says which step
+            step = inc.pending() if inc is not None else None
+            steps = () if step is None else (step.action,)
+        exact, windows = _repair.time_horizon(self.repair_config, steps)
+        if len(self._horizons) >= _SPLIT_MEMO:
+            self._horizons.clear()
+        hz = self._horizons[pieces] = (exact, windows, -int(exact) - 1)
+        return hz
+
+    def _times(self, record, now: int, hz):
         """The key of a record's times (its history's and reason/report/boot times) at ``now`` when some are older
         than the horizon, and the distinct old times in order (plan_node builds the key when none is).
 
@@ -302,20 +318,20 @@ class CollectionBrain:
         else:
             pieces, abs_t = self._split_abs(text)
         rec = (record.get("reason_time"), record.get("report_time"), record.get("boot_time"))
-        cut = now - self._exact
+        exact, windows, base = hz
+        cut = now - exact
         olds = sorted({t for t in abs_t + rec if t is not None and t < cut})
         # an old time's code is its rank, below every offset (offsets are >= -exact); the key adds, per window,
         # how many of the old times lie outside it (they are in order, so that gives each one's side)
-        codes = dict(zip(olds, range(self._old_base, self._old_base - len(olds), -1)))
+        codes = dict(zip(olds, range(base, base - len(olds), -1)))
         return (pieces, tuple([codes[t] if t < cut else t - now for t in abs_t]),
                 tuple([None if t is None else codes[t] if t < cut else t - now for t in rec]),
-                tuple([bisect_left(olds, now - w) for w in self._windows]), "old"), olds
+                tuple([bisect_left(olds, now - w) for w in windows]), "old"), olds
 
-    def _store(self, d, record, now: int, olds):
+    def _store(self, d, record, now: int, olds, cut):
         """The cache entry of a real Decision: times relative to ``now``, or a rank into ``olds`` where the
         decision copied an old input time; None when it cannot be stored that way (a time older than the horizon
         that is no input time: time_horizon says that does not happen, and then nothing is cached)."""
-        cut = now - self._exact
         if d.earliest < cut:
             return None
         src = history_text(record.get("history"))

@@ -367,7 +367,7 @@ def retention(config: RepairConfig) -> Tuple[float, int]:
     return keep, cap
 
 
-def time_horizon(config: Any) -> Tuple[float, Tuple[float, ...]]:
+def time_horizon(config: Any, pending_steps: Optional[Iterable[str]] = None) -> Tuple[float, Tuple[float, ...]]:
     """How plan() reads the age of a node's input times: ``(exact, windows)``.
 
     The input times of a node are those of its history and its record's ``reason_time``, ``report_time`` and
@@ -383,15 +383,18 @@ def time_horizon(config: Any) -> Tuple[float, Tuple[float, ...]]:
     or a copy of an input time. So two inputs that differ only in times older than ``exact``, where those times
     agree in the first two ways, get the same decision, the old times carried along. ``exact`` covers every
     comparison of a time with ``now`` that has a finer grain: the flap ttl, the cooldown, the retry-budget and
-    breaker windows and every step timeout (a step without one times out after 1800 s). A cache of decisions (the
-    simulator's) can key on this instead of on every time.
+    breaker windows and the timeout of a step in progress (a step without one times out after 1800 s).
+    ``pending_steps`` narrows that last part to the actions that may be in progress in the node's history (the open
+    incident's last step, when it has no outcome yet): ``()`` when none is; by default every action. A cache of
+    decisions (the simulator's) can key on this instead of on every time.
     """
     if not isinstance(config, RepairConfig):
         config = RepairConfig.from_dict(config)
-    exact = max(
-        [config.ttl_s, config.cooldown_s, config.budget_window_s, config.breaker_window_s, 1800.0, 60.0]
-        + list(config.step_timeout_s.values())
-    )
+    if pending_steps is None:
+        timeouts = [1800.0] + list(config.step_timeout_s.values())
+    else:
+        timeouts = [config.step_timeout_s.get(a, 1800.0) for a in pending_steps]
+    exact = max([config.ttl_s, config.cooldown_s, config.budget_window_s, config.breaker_window_s, 60.0] + timeouts)
     keep, _cap = retention(config)
     windows = sorted({w for w in (config.escalate_window_s, config.lemon_window_s, keep) if w > exact})
     return exact, tuple(windows)

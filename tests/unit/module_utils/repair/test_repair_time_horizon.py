@@ -18,6 +18,7 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import
     History,
     RepairConfig,
     dumps,
+    loads,
     plan,
     retention,
     time_horizon,
@@ -37,11 +38,16 @@ def test_time_horizon_of_the_defaults():
     assert exact == 7 * D
     assert windows == (30 * D,)
     assert time_horizon({}) == (exact, windows)
+    # with no step in progress no step timeout counts; a reboot in progress counts its 30 min
+    assert time_horizon(cfg, ()) == (1 * D, (7 * D, 30 * D))
+    assert time_horizon(cfg, ("reboot",)) == (1 * D, (7 * D, 30 * D))
+    assert time_horizon(cfg, ("replace",)) == (7 * D, (30 * D,))
 
 
 def test_time_horizon_of_a_short_config():
     cfg = RepairConfig.from_dict(SHORT)
     assert time_horizon(cfg) == (1 * D, (3 * D, 10 * D, 20 * D))
+    assert time_horizon(cfg, ()) == (12 * H, (3 * D, 10 * D, 20 * D))
     assert retention(cfg)[0] == 20 * D
 
 
@@ -76,7 +82,7 @@ def _random_input(rng: random.Random, exact: float, windows):
         h.incident = Incident(id=h.seq, failure_class=rng.choice(classes), code="xid48", gpu=3, first_seen=first,
                               steps=steps, escalated=t() if rng.random() < 0.1 else None)
     if rng.random() < 0.3:
-        h.cooldown_until = t() + rng.choice([0, 2 * H])
+        h.cooldown_until = rng.choice([t(), NOW + 2 * H, NOW + 60])
     rep = rng.choice([report(), report(action="reboot", code="xid79"), HEALTHY,
                       report(verdict="degraded", action="monitor", code="thermal")])
     rtime = rng.choice([None, t(), NOW - 30])
@@ -86,6 +92,15 @@ def _random_input(rng: random.Random, exact: float, windows):
         n = node("n1", rep=rep, reason_time=t(), history=dumps(h), report_time=rtime,
                  state=rng.choice(["IDLE", "IDLE", "MIXED"]))
     return n
+
+
+def _horizon(cfg, n, narrow):
+    """time_horizon for this node: narrowed to the step in progress in its history, or for any history."""
+    if not narrow:
+        return time_horizon(cfg)
+    inc = loads(n["history"]).incident
+    step = inc.pending() if inc is not None else None
+    return time_horizon(cfg, () if step is None else (step.action,))
 
 
 def _times(n):
@@ -139,21 +154,22 @@ REACHED = {"lemon", "ladder", "healthy_resume", "in_progress", "ttl", "escalated
 SHORT_REACHED = REACHED | {"escalate_repairs", "budget", "cooldown"}
 
 
+@pytest.mark.parametrize("narrow", [False, True], ids=["any-step", "step-in-progress"])
 @pytest.mark.parametrize("data,reached", [({}, REACHED), (SHORT, SHORT_REACHED),
                                           (dict(SHORT, modes={"default": "approval"}), SHORT_REACHED)],
                          ids=["defaults", "short", "approval"])
-def test_old_times_decide_only_by_window_and_order(data, reached):
+def test_old_times_decide_only_by_window_and_order(data, reached, narrow):
     cfg = RepairConfig.from_dict(data)
-    exact, windows = time_horizon(cfg)
-    rng = random.Random(5)
+    rng, moves = random.Random(5), random.Random(6)  # the same inputs whatever the moves draw
     moved = 0
     seen = set()
     for _ in range(600):
-        n = _random_input(rng, exact, windows)
+        n = _random_input(rng, *time_horizon(cfg))
+        exact, windows = _horizon(cfg, n, narrow)
         want = _decision(n, cfg)
         seen.add(want[1])
         for _k in range(3):
-            m, new = _remap(n, exact, windows, rng)
+            m, new = _remap(n, exact, windows, moves)
             if m is None:
                 break
             moved += 1
@@ -171,7 +187,7 @@ def test_crossing_a_window_can_change_the_decision():
     changed = 0
     for _ in range(600):
         n = _random_input(rng, exact, windows)
-        m, new = _remap(n, exact, windows, rng, cross=True)
+        m, new = _remap(n, *_horizon(cfg, n, True), rng, cross=True)
         if m is None:
             continue
         back = {b: a for a, b in new.items()}
