@@ -4,23 +4,24 @@ Nothing here models a health rule or a repair rule. Symptoms (synthetic kernel-l
 through ``plugins/module_utils/health.judge`` and the node's virtual Slurm record goes through
 ``plugins/module_utils/repair.plan`` — the very functions the Ansible modules and the node agent run. The adapter
 only translates: simulated time <-> epoch seconds, the engine's node record <-> the Slurm-shaped ``attention``
-record (state, reason, report, compact history text), the fleet's counts <-> ``fleet``.
+record (state, reason, report, compact history text, which the engine keeps as a HistoryText until a real plan()
+reads it), the fleet's counts <-> ``fleet``.
 
 judge() results are cached per symptom pattern: a fault class always emits the same lines, so the verdict is the
 same, and the cache keeps 100,000-GPU runs fast.
 
-repair.plan() answers are cached too, exactly: the policy is a pure function of (history, report, node state,
-fleet counts, config, now) (repair/history.py says so) and depends on time only through differences, so a call is
-keyed with its times made relative to ``now`` (the history text split into its time-free pieces and its times, see
-split_history) and without the node's name. A time older than ``repair.time_horizon``'s ``exact`` enters the key
-only as what plan() reads of it: its side of each longer window and its rank among the node's old times; a stored
-decision refers to an old time it copies by that rank. The fleet counts enter the key only as
-``repair.fleet_view``: the outcomes of the checks plan() itself runs on them for a node planned alone (the policy's
-code, not a model of its limits), memoised per distinct counts. Both views are the policy's published contracts,
-tested against plan() in tests/unit/module_utils/repair. Times reach the brain on a one-minute grid, as a repair run
-would see them. A miss calls the real plan() on the real inputs; a hit translates the stored answer back. Every
-``verify_every``-th hit is recomputed with the real plan() and compared field by field: a difference raises (tests
-run with verify_every=1).
+repair.plan() answers are cached too, exactly: the policy is a pure function of (history, report, node state, fleet
+counts, config, now) (repair/history.py says so) and depends on time only through differences, so a call is keyed
+with its times made relative to ``now`` (the history text split into its time-free pieces and its times, see
+split_history) and without the node's name. A time older than ``repair.time_horizon``'s ``exact`` (for the step the
+history has in progress) enters the key only as what plan() reads of it: its side of each longer window and its
+rank among the node's old times; a stored decision refers to an old time it copies by that rank. The fleet counts
+enter the key only as ``repair.fleet_view``: the outcomes of the checks plan() itself runs on them for a node
+planned alone (the policy's code, not a model of its limits), memoised per distinct counts. Both views are the
+policy's published contracts, tested against plan() in tests/unit/module_utils/repair. Times reach the brain on a
+one-minute grid, as a repair run would see them. A miss calls the real plan() on the real inputs; a hit translates
+the stored answer back. Every ``verify_every``-th hit is recomputed with the real plan() and compared field by
+field: a difference raises (tests run with verify_every=1).
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils import repair
 EPOCH0 = 1_767_571_200  # Monday 2026-01-05 00:00 UTC: simulated hour 0
 PARTITION = "gpu"
 HISTORY_VERSION = 1  # repair/history.py VERSION this translation knows
-CANON = 1_000_000_000  # the 'now' of a cached (time-translated) decision
 GRID_S = 60  # times reach the brain on a one-minute grid
 
 
