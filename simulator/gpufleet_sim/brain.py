@@ -89,20 +89,21 @@ def _format(pieces: tuple) -> str:
 
 
 class HistoryText:
-    """A repair history the cache rebuilt: its text pieces and absolute times, formatted into the stored text only
-    when something reads the text (a real plan() call, a verification). The engine keeps it in the node's record as
-    it would keep the text, and the brain reads its times back without formatting or splitting anything."""
+    """A repair history the cache rebuilt: its skeleton (the brain's record of its text pieces, see
+    CollectionBrain._skeleton) and absolute times, formatted into the stored text only when something reads the text
+    (a real plan() call, a verification). The engine keeps it in the node's record as it would keep the text, and the
+    brain reads its times back without formatting or splitting anything."""
 
-    __slots__ = ("pieces", "times", "_text")
+    __slots__ = ("sk", "times", "_text")
 
-    def __init__(self, pieces: tuple, times: tuple):
-        self.pieces, self.times, self._text = pieces, times, None
+    def __init__(self, sk: tuple, times: tuple):
+        self.sk, self.times, self._text = sk, times, None
 
     @property
     def text(self) -> str:
         t = self._text
         if t is None:
-            pieces = self.pieces
+            pieces = self.sk[0]
             if self.times:
                 fmt = _FORMATS.get(pieces)
                 t = (_format(pieces) if fmt is None else fmt) % self.times
@@ -141,17 +142,17 @@ class CachedDecision:
     @property
     def history_ref(self):
         h = self._h
-        if h.__class__ is tuple:  # (pieces, offsets from now): made into a HistoryText once, on first read
-            pieces, rel = h
-            self._h = h = HistoryText(pieces, tuple(map(self._now.__add__, rel)))
+        if h.__class__ is tuple:  # (skeleton, offsets from now): made into a HistoryText once, on first read
+            sk, rel = h
+            self._h = h = HistoryText(sk, tuple(map(self._now.__add__, rel)))
         return h
 
     @property
     def history_after_ref(self):
         h = self._ha
         if h.__class__ is tuple:
-            pieces, rel = h
-            self._ha = h = HistoryText(pieces, tuple(map(self._now.__add__, rel)))
+            sk, rel = h
+            self._ha = h = HistoryText(sk, tuple(map(self._now.__add__, rel)))
         return h
 
     @property
@@ -183,7 +184,9 @@ class CollectionBrain:
             modes["default"] = "approval"
             cfg["modes"] = modes
         self.repair_config = _repair.RepairConfig.from_dict(cfg)
-        self._horizons: dict = {}  # history skeleton -> repair.time_horizon for it, and the code base of old times
+        self._skels: dict = {}  # history text pieces -> the brain's record of that skeleton (see _skeleton)
+        self._n_skels = 0
+        self._no_skel = self._skeleton(None)  # no history at all
         self._judged: dict[tuple, dict] = {}
         self.calls = {"judge": 0, "judge_cached": 0, "plan": 0, "plan_cached": 0, "plan_verified": 0,
                       "plan_cached_old": 0}
@@ -192,7 +195,7 @@ class CollectionBrain:
         self.verify_every = verify_every
         self._plans: dict = {}
         self._views: dict = {}  # the fleet counts a decision is asked with -> repair.fleet_view of them
-        self._splits: dict = {}  # history text -> (pieces, absolute times): _split_abs, memoised
+        self._splits: dict = {}  # history text -> (skeleton, absolute times): _split, memoised
 
     # --- health rules --------------------------------------------------------------------------------------------
     def judge(self, lines: tuple) -> dict:
@@ -237,24 +240,21 @@ class CollectionBrain:
         # the times (see _times): when none is older than the horizon, every one is an offset from now
         text = get("history")
         if text is None:
-            pieces, abs_t = None, ()
+            sk, abs_t = self._no_skel, ()
         elif text.__class__ is HistoryText:
-            pieces, abs_t = text.pieces, text.times
+            sk, abs_t = text.sk, text.times
         else:
             s = self._splits.get(text)
-            pieces, abs_t = self._split_abs(text) if s is None else s
+            sk, abs_t = self._split(text) if s is None else s
         rt, pt = get("reason_time"), get("report_time")
-        hz = self._horizons.get(pieces)
-        if hz is None:
-            hz = self._horizon(pieces)
-        cut = now - hz[0]
+        cut = now - sk[2]
         if ((rt is None or rt >= cut) and (pt is None or pt >= cut) and get("boot_time") is None
                 and (not abs_t or min(abs_t) >= cut)):
             olds = ()
-            tkey = (pieces, tuple(map(now.__rsub__, abs_t)), None if rt is None else rt - now,
+            tkey = (sk[1], tuple(map(now.__rsub__, abs_t)), None if rt is None else rt - now,
                     None if pt is None else pt - now)
         else:
-            tkey, olds = self._times(record, now, hz)
+            tkey, olds = self._times(now, sk, abs_t, (rt, pt, get("boot_time")))
         key = (record["state"], get("reason"), get("reason_user"), id(get("report")), tkey, view,
                frozenset((a, i) for n, a, i in approvals if n == record["name"]) if approvals else None)
         hit = self._plans.get(key)
@@ -288,43 +288,40 @@ class CollectionBrain:
                                        f"cached {getattr(d, f)!r} (record {record!r})")
         return d
 
-    def _horizon(self, pieces):
-        """repair.time_horizon for the histories of this skeleton (whose step is in progress, if any, is in the
-        skeleton: it is the open incident's last step without an outcome), and the code base of old times."""
-        steps = ()
-        if pieces is not None:
-            inc = _repair.loads("1000000000".join(pieces)).incident  # any times: the skeleton says which step
-            step = inc.pending() if inc is not None else None
-            steps = () if step is None else (step.action,)
-        exact, windows = _repair.time_horizon(self.repair_config, steps)
-        if len(self._horizons) >= _SPLIT_MEMO:
-            self._horizons.clear()
-        hz = self._horizons[pieces] = (exact, windows, -int(exact) - 1)
-        return hz
+    def _skeleton(self, pieces):
+        """The brain's record of a history skeleton (the text pieces around its times; None for no history):
+        ``(pieces, id, exact, windows, code base of old times)``, with repair.time_horizon for the step the skeleton
+        has in progress (the open incident's last step without an outcome: the skeleton says which, whatever the
+        times). Keys hold the id, a small int never reused, instead of the pieces."""
+        sk = self._skels.get(pieces)
+        if sk is None:
+            steps = ()
+            if pieces is not None:
+                inc = _repair.loads("1000000000".join(pieces)).incident  # any times will do
+                step = inc.pending() if inc is not None else None
+                steps = () if step is None else (step.action,)
+            exact, windows = _repair.time_horizon(self.repair_config, steps)
+            if len(self._skels) >= _SPLIT_MEMO:
+                self._skels.clear()
+            self._n_skels += 1
+            sk = self._skels[pieces] = (pieces, self._n_skels, exact, windows, -int(exact) - 1)
+        return sk
 
-    def _times(self, record, now: int, hz):
-        """The key of a record's times (its history's and reason/report/boot times) at ``now`` when some are older
-        than the horizon, and the distinct old times in order (plan_node builds the key when none is).
+    def _times(self, now: int, sk, abs_t, rec):
+        """The key of a node's times (its history's, and the record's reason, report and boot times) at ``now``
+        when some are older than the horizon, and the distinct old times in order (plan_node keys the others).
 
         repair.time_horizon: plan() reads a time ``t >= now - exact`` by its exact age (kept as the offset
         ``t - now``) and an older one only by its side of each longer window and its order among the input times
         (kept as its rank among the distinct old times, and per window how many old times lie outside it), or
         copies it: a stored decision refers to a copied old time by its rank."""
-        text = record.get("history")
-        if text is None:
-            pieces, abs_t = None, ()
-        elif text.__class__ is HistoryText:
-            pieces, abs_t = text.pieces, text.times
-        else:
-            pieces, abs_t = self._split_abs(text)
-        rec = (record.get("reason_time"), record.get("report_time"), record.get("boot_time"))
-        exact, windows, base = hz
+        _pieces, sid, exact, windows, base = sk
         cut = now - exact
         olds = sorted({t for t in abs_t + rec if t is not None and t < cut})
         # an old time's code is its rank, below every offset (offsets are >= -exact); the key adds, per window,
         # how many of the old times lie outside it (they are in order, so that gives each one's side)
         codes = dict(zip(olds, range(base, base - len(olds), -1)))
-        return (pieces, tuple([codes[t] if t < cut else t - now for t in abs_t]),
+        return (sid, tuple([codes[t] if t < cut else t - now for t in abs_t]),
                 tuple([None if t is None else codes[t] if t < cut else t - now for t in rec]),
                 tuple([bisect_left(olds, now - w) for w in windows]), "old"), olds
 
@@ -345,7 +342,7 @@ class CollectionBrain:
             if text == src:
                 out.append(_SAME)
                 continue
-            pieces, abs_t = self._split_abs(text)
+            sk, abs_t = self._split(text)
             refs = []
             for t in abs_t:
                 if t >= cut:
@@ -355,17 +352,19 @@ class CollectionBrain:
                     old_refs = True
                 else:
                     return None
-            out.append((pieces, tuple(refs)))
+            out.append((sk, tuple(refs)))
         return (d.action, d.rule, d.earliest - now, d.needs_approval, d.approved, d.code, d.incident, out[0], out[1],
                 old_refs)
 
-    def _split_abs(self, text):
-        """_split_abs(text), memoised (histories come back on the node's next decision)."""
+    def _split(self, text):
+        """A history text as (its skeleton, its absolute times), memoised (histories come back on the node's next
+        decision)."""
         s = self._splits.get(text)
         if s is None:
             if len(self._splits) >= _SPLIT_MEMO:
                 self._splits.clear()
-            s = self._splits[text] = _split_abs(text)
+            pieces, times = _split_abs(text)
+            s = self._splits[text] = (self._skeleton(pieces), times)
         return s
 
     def _plan(self, record, fleet, now, approvals, breaker):
@@ -378,9 +377,9 @@ _SAME = object()  # a cached history that is the input's own text
 
 
 def _resolve(split, olds, now: int):
-    """A stored (pieces, refs) with every old-time rank turned into its offset from ``now`` in this input."""
-    pieces, refs = split
-    return pieces, tuple([r if r.__class__ is int else olds[r[0]] - now for r in refs])
+    """A stored (skeleton, refs) with every old-time rank turned into its offset from ``now`` in this input."""
+    sk, refs = split
+    return sk, tuple([r if r.__class__ is int else olds[r[0]] - now for r in refs])
 
 
 def _textual(record: dict) -> dict:
