@@ -50,10 +50,13 @@ def timed(sc, label, engine_only=False):
     r = run_one(sc, POL, 1, brain)
     dt, dcpu = time.perf_counter() - t, time.process_time() - cpu
     c = brain.calls
+    if engine_only:
+        decisions = f"{c['plan']:,} repair decisions answered 'resume' without the brain"
+    else:
+        decisions = (f"{c['plan'] - c['plan_verified']:,} real repair.plan() calls + {c['plan_cached']:,} exact "
+                     f"cache hits ({c['plan_verified']:,} of them re-verified with the real plan())")
     print(f"{label}: {dt:.2f} s wall ({dcpu:.2f} s CPU), {r['interruptions']:,} interruptions, "
-          f"{r['events']:,} fault draws, "
-          f"{c['plan']:,} real repair.plan() calls + {c.get('plan_cached', 0):,} exact cache hits "
-          f"({c.get('plan_verified', 0):,} re-verified), {c['judge']} judge() calls (+{c['judge_cached']:,} cached)")
+          f"{r['events']:,} fault draws, {decisions}, {c['judge']} judge() calls (+{c['judge_cached']:,} cached)")
     return dt, r, brain
 
 
