@@ -65,15 +65,15 @@ def _random_input(rng: random.Random, exact: float, windows):
     classes = ["gpu_memory", "gpu_lost", "nvlink", "other"]
     actions = ["reset_gpu", "reboot", "reimage", "replace"]
     h = History()
-    h.past = sorted((t(), rng.choice(classes)) for _ in range(rng.randrange(0, 7)))
-    h.repairs = sorted((t(), rng.choice(actions)) for _ in range(rng.randrange(0, 7)))
+    h.past = sorted((t(), rng.choice(classes)) for _i in range(rng.randrange(0, 7)))
+    h.repairs = sorted((t(), rng.choice(actions)) for _i in range(rng.randrange(0, 7)))
     h.seq = len(h.past)
     if rng.random() < 0.8:
         h.seq += 1
         first = t()
         steps = []
         s = first
-        for _ in range(rng.randrange(0, 4)):
+        for _i in range(rng.randrange(0, 4)):
             s = min(NOW, s + rng.randrange(0, 3 * D))
             steps.append(Step(rng.choice(actions), s, rng.choice(["ok", "failed", "timeout", None])))
             h.repairs.append((s, steps[-1].action))
@@ -163,7 +163,7 @@ def test_old_times_decide_only_by_window_and_order(data, reached, narrow):
     rng, moves = random.Random(5), random.Random(6)  # the same inputs whatever the moves draw
     moved = 0
     seen = set()
-    for _ in range(600):
+    for _i in range(600):
         n = _random_input(rng, *time_horizon(cfg))
         exact, windows = _horizon(cfg, n, narrow)
         want = _decision(n, cfg)
@@ -185,7 +185,7 @@ def test_crossing_a_window_can_change_the_decision():
     exact, windows = time_horizon(cfg)
     rng = random.Random(11)
     changed = 0
-    for _ in range(600):
+    for _i in range(600):
         n = _random_input(rng, exact, windows)
         m, new = _remap(n, *_horizon(cfg, n, True), rng, cross=True)
         if m is None:
