@@ -194,10 +194,21 @@ class Job:
         if planned and not rb:
             target = self.work  # checkpoint taken on the way out
             if self.delta > 0:
+                # Only a failure that is not itself a planned drain spoils this checkpoint. Another planned drain,
+                # or a straggler's rate change, that interrupts it leaves it running for the time still left: a
+                # real job would checkpoint once on the way out for all of them.
                 self._enter("checkpoint")
-                ok = yield from self._sleep(self.delta)
-                if not ok:
-                    target = self.ckpt_work
+                left, seen = self.delta, len(self.pending)
+                while left > 1e-12:
+                    t1 = env.now
+                    ok = yield from self._sleep(left)
+                    if ok:
+                        break
+                    left -= env.now - t1
+                    if any(not f.planned for f in self.pending[seen:]):
+                        target = self.ckpt_work
+                        break
+                    seen = len(self.pending)
         self.lost_work += max(0.0, self.work - target)
         self.work = self.ckpt_work = target
         self.down = True

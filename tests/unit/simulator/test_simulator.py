@@ -214,3 +214,15 @@ def _shifted_open(h, delta):
     h = h.copy()
     h.incident.first_seen += delta
     return h
+
+
+def test_planned_straggler_drain_loses_no_work():
+    """A straggler the passive check sees is drained as a planned stop: the job checkpoints on the way out and
+    loses no work. (The straggler's rate change and the drain used to interrupt the job twice; the second
+    interrupt landed in the exit checkpoint and rolled the job back to its previous checkpoint.)"""
+    sc = scn.load(val.SCENARIOS / "default-1k.yaml")
+    raw = scn.override(sc["raw"], {"faults": [f for f in sc["raw"]["faults"] if f["name"] == "straggler"]})
+    raw["faults"][0].update(visible=1.0, rate_per_1000_node_days=30.0)
+    res = run_one(scn.validate(raw), resolve("passive+auto-repair"), 1)
+    assert res["interruptions"] > 20  # every episode is seen and drained ...
+    assert res["lost_gpu_hours_by_cause"]["lost_work"] == 0.0  # ... each after an exit checkpoint
