@@ -1,6 +1,6 @@
 # Copyright (c) gpufleet.reliability contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Expected-hardware profiles per GPU model (SKU knowledge; research/gpu-health.md sections 3.2 and 7.9).
+"""Expected-hardware profiles per GPU model (SKU knowledge from NVIDIA's product data sheets).
 
 A profile says what a healthy GPU of that model looks like, so that a missing feature (NotSupported, N/A) is
 a skip where the model lacks it, and a failure only where the model must have it. Sites override fields with

@@ -4,8 +4,7 @@
 
 code -> (mnemonic, NVIDIA's Immediate resolution bucket, Investigatory bucket, our severity, our action, sticky).
 Source: NVIDIA Xid catalog (Xid-Catalog.xlsx, "Xids" and "Resolution Buckets" sheets;
-docs.nvidia.com/deploy/xid-errors),
-as summarised in research/gpu-health.md section 2.2. "severity"/"action" are this collection's reading of the
+docs.nvidia.com/deploy/xid-errors). "severity"/"action" are this collection's reading of the
 bucket (info = record only). "sticky" = the event stays in view for the sticky window (3 h by default) because
 the fault does not clear by itself (NVSentinel's sticky set plus the other node-action Xids).
 Site overrides merge per code: config ``xid_overrides: {"94": {"action": "none"}}``.
