@@ -98,7 +98,9 @@ def cmd_sweep(args) -> int:
         assign = {param: v}
         if param.endswith("approval_delay_min") and isinstance(v, (int, float)) and v == 0:
             assign = {param: {"dist": "fixed", "value": 0}}
+        scn.validate(scn.override(sc["raw"], assign), source=f"{param}={json.dumps(v)}")  # every point, up front
         jobs.append((sc["raw"], assign, policy, seeds, v))
+    resolve(policy, "--policy" if args.policy else "sweep.policy")
     if args.task is not None:  # one point, inside a Slurm array task
         res = _sweep_point(jobs[args.task])
         Path(args.out).mkdir(parents=True, exist_ok=True)

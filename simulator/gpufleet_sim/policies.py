@@ -68,7 +68,7 @@ def resolve(spec: Any, path: str = "policy") -> dict:
             out[k] = spec[k]
     if "check_interval_min" in spec:
         v = spec["check_interval_min"]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
             raise SpecError(f"{path}.check_interval_min: expected a number > 0, got {v!r}")
         out["check_interval_min"] = float(v)
     if "approval_delay_min" in spec:

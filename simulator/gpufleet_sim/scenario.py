@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from .dists import SpecError, parse_duration
+from .policies import resolve
 
 # the repair brain's vocabulary (plugins/module_utils/repair/model.py REPAIR_STEPS)
 ACTIONS = ("reset_gpu", "reboot", "reimage", "replace")
@@ -38,8 +39,10 @@ def _get(d: dict, key: str, path: str, kind, default: Any = ..., check=None):
         return copy.deepcopy(default)
     v = d[key]
     if kind is float:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(float(v)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise SpecError(f"{path}.{key}: expected a number, got {v!r}")
+        if not math.isfinite(float(v)):
+            raise SpecError(f"{path}.{key}: expected a finite number, got {v!r}")
         v = float(v)
     elif kind is int:
         if isinstance(v, bool) or not isinstance(v, int):
@@ -77,6 +80,11 @@ def _nonneg(v):
 
 def _prob(v):
     return None if 0 <= v <= 1 else "a probability between 0 and 1"
+
+
+def _slowdown(v):
+    # the share of speed lost: 1.0 would stop the job for good
+    return None if 0 <= v < 1 else "the share of speed lost, >= 0 and < 1"
 
 
 def _one_of(options):
@@ -193,7 +201,7 @@ def validate(raw: Any, source: str = "scenario") -> dict:
             "fixed_by": _get(f, "fixed_by", fp, str, "reboot", _one_of(ACTIONS)),
             "lemon": _get(f, "lemon", fp, bool, category == "gpu"),
             "silent_detect_h": _dur(f, "silent_detect_h", fp, {"dist": "uniform", "low": 1, "high": 48}),
-            "slowdown": _get(f, "slowdown", fp, float, 0.2, _prob),
+            "slowdown": _get(f, "slowdown", fp, float, 0.2, _slowdown),
             "episode_min": _dur(f, "episode_min", fp, {"dist": "uniform", "low": 10, "high": 72}),
             "outage_h": _dur(f, "outage_h", fp, {"dist": "lognormal", "median": 1, "p90": 4}),
         }
@@ -284,6 +292,8 @@ def validate(raw: Any, source: str = "scenario") -> dict:
         raise SpecError(f"{source}.policies: expected a list of policy names or policy mappings")
     sc["policies"] = pol or ["reactive-manual", "reactive-auto", "passive+auto-repair",
                              "passive+auto-repair+hot-spares", "together-approval"]
+    for i, p in enumerate(sc["policies"]):  # wrong names fail now, also when --policy picks others
+        resolve(p, f"{source}.policies[{i}]")
     sc["sweep"] = _get(raw, "sweep", source, dict, {})
     sc["raw"] = raw
     return sc
@@ -306,9 +316,26 @@ def override(raw: dict, assignments: dict) -> dict:
     for path, value in assignments.items():
         cur: Any = out
         parts = _split(path)
-        for k in parts[:-1]:
-            cur = cur[k] if isinstance(k, int) else cur.setdefault(k, {})
-        cur[parts[-1]] = value
+        for i, k in enumerate(parts):
+            where = path if i == len(parts) - 1 else _join(parts[:i + 1])
+            if isinstance(k, int):
+                if not isinstance(cur, list):
+                    raise SpecError(f"{where}: {_join(parts[:i]) or 'the scenario'} is not a list")
+                if not -len(cur) <= k < len(cur):
+                    raise SpecError(f"{where}: index out of range ({_join(parts[:i])} has {len(cur)} entries)")
+            elif not isinstance(cur, dict):
+                raise SpecError(f"{where}: {_join(parts[:i])} is not a mapping")
+            if i == len(parts) - 1:
+                cur[k] = value
+            else:
+                cur = cur[k] if isinstance(k, int) else cur.setdefault(k, {})
+    return out
+
+
+def _join(parts: list) -> str:
+    out = ""
+    for k in parts:
+        out += f"[{k}]" if isinstance(k, int) else (f".{k}" if out else k)
     return out
 
 
@@ -319,7 +346,9 @@ def _split(path: str) -> list:
             head, rest = seg.split("[", 1)
             if head:
                 parts.append(head)
-            idx, seg = rest.split("]", 1)
+            idx, sep, seg = rest.partition("]")
+            if not sep or not idx.strip().lstrip("-").isdigit():
+                raise SpecError(f"{path}: expected a dotted field with integer indexes, e.g. jobs[0].nodes")
             parts.append(int(idx))
         if seg:
             parts.append(seg)

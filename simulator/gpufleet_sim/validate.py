@@ -1,10 +1,10 @@
 """The published cases: expected value, measured value, tolerance, pass/fail.
 
-V1 Daly (2006) complete wall-time model and optimal interval; V3 Llama 3 Table 5; V4 Kokolis et al. RSC-1
-scaling; V6 AIReSim's default case. Sources: Daly, "A higher order estimate of the optimum checkpoint interval for restart dumps" (FGCS 2006);
-the Llama 3 paper ("The Llama 3 Herd of Models", 2024, Table 5); Kokolis et al., "Revisiting Reliability in
-Large-Scale Machine Learning Research Clusters" (2024); AIReSim's own report. Derivations are in the headers of
-the scenario files and in docs/simulator.md.
+V1 Daly (2006) complete wall-time model and optimal interval; V3 Llama 3 Table 5; V4 Kokolis et al. RSC-1 scaling;
+V6 AIReSim's default case. Sources: Daly, "A higher order estimate of the optimum checkpoint interval for restart
+dumps" (FGCS 2006); the Llama 3 paper ("The Llama 3 Herd of Models", 2024, Table 5); Kokolis et al., "Revisiting
+Reliability in Large-Scale Machine Learning Research Clusters" (2024); AIReSim's own report. Derivations are in the
+headers of the scenario files and in docs/simulator.md.
 """
 
 from __future__ import annotations

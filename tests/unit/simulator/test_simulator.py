@@ -226,3 +226,36 @@ def test_planned_straggler_drain_loses_no_work():
     res = run_one(scn.validate(raw), resolve("passive+auto-repair"), 1)
     assert res["interruptions"] > 20  # every episode is seen and drained ...
     assert res["lost_gpu_hours_by_cause"]["lost_work"] == 0.0  # ... each after an exit checkpoint
+
+
+@pytest.mark.parametrize("assign, message", [
+    ({"faults[0].rate_per_1000_node_days": float("inf")}, r"faults\[0\]\.rate_per_1000_node_days: expected a finite"),
+    ({"faults[0].rate_per_1000_node_days": float("nan")}, r"faults\[0\]\.rate_per_1000_node_days: expected a finite"),
+    ({"horizon_days": float("inf")}, r"horizon_days: expected a finite number"),
+    ({"policies": ["reactive-auto", "nope"]}, r"policies\[1\]: unknown policy 'nope'"),
+])
+def test_scenario_refuses_non_finite_numbers_and_unknown_policies(assign, message):
+    raw = scn.load(val.SCENARIOS / "default-1k.yaml")["raw"]
+    with pytest.raises(SpecError, match=message):
+        scn.validate(scn.override(raw, assign))
+
+
+def test_straggler_slowdown_must_leave_some_speed():
+    raw = scn.load(val.SCENARIOS / "default-1k.yaml")["raw"]
+    i = next(i for i, f in enumerate(raw["faults"]) if f.get("effect") == "straggler")
+    with pytest.raises(SpecError, match=rf"faults\[{i}\]\.slowdown: expected the share of speed lost"):
+        scn.validate(scn.override(raw, {f"faults[{i}].slowdown": 1.0}))
+    scn.validate(scn.override(raw, {f"faults[{i}].slowdown": 0.99}))  # control: a crawl is allowed
+
+
+@pytest.mark.parametrize("param, message", [
+    ("jobs[3].nodes", "jobs[3]: index out of range (jobs has 1 entries)"),
+    ("jobs[x].nodes", "jobs[x].nodes: expected a dotted field with integer indexes"),
+    ("cluster.nodes.x", "cluster.nodes.x: cluster.nodes is not a mapping"),
+])
+def test_sweep_bad_param_is_one_clear_line(param, message):
+    r = subprocess.run([sys.executable, "-m", "gpufleet_sim.cli", "sweep", str(val.SCENARIOS / "default-1k.yaml"),
+                        "--param", param, "--values", "1,2", "--seeds", "1"], capture_output=True, text=True,
+                       check=False, timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith(f"gpufleet-sim: {message}"), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
