@@ -288,7 +288,7 @@ class Sim:
         self.lemons_initial: list[int] = []
         self.stats = {"spares_used": 0, "retired": 0, "repairs": 0, "repair_actions": {}, "mttr": [],
                       "proactive_drains": 0, "escalations": 0, "faults": 0, "faults_idle": 0, "brain_calls": 0,
-                      "approvals": 0,
+                      "approvals": 0, "lemon_faults": 0,
                       "events": 0}
         self.waiting_jobs: list[Job] = []
         self.out_count = 0
@@ -482,7 +482,9 @@ class Sim:
                 x -= w
                 if x <= 0:
                     break
+            before = self.stats["faults"] + self.stats["faults_idle"]
             self._strike_node(n, f)
+            self.stats["lemon_faults"] += self.stats["faults"] + self.stats["faults_idle"] - before
 
     def _can_fail(self, n: int) -> bool:
         o = self.owner[n]
@@ -911,7 +913,10 @@ class Sim:
         ok = LEVEL[action] >= need and rng.random() < acts[action]["success"]
         rec.attempts.append((env.now, action, ok))
         if ok:
-            if rec.lemon and LEVEL[action] >= LEVEL[self.sc["lemons"]["cured_by"]]:
+            lem = self.sc["lemons"]
+            # the cure is drawn only when a repair can miss, so runs without misdiagnosis keep their random streams
+            if rec.lemon and LEVEL[action] >= LEVEL[lem["cured_by"]] and (
+                    lem["cure_probability"] >= 1.0 or rng.random() < lem["cure_probability"]):
                 rec.lemon = False
             rec.fault = None
         return ok

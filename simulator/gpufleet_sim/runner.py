@@ -61,6 +61,7 @@ def run_one(sc: dict, policy: dict, seed: int, brain=None, horizon_h: float | No
         "wall_h": job_wall / max(1, len(jobs)),
         "useful_gpu_hours": work_gpu_h,
         "events": st["events"],
+        "lemon_failures": st["lemon_faults"],
     }
 
 

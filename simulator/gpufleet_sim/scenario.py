@@ -243,10 +243,12 @@ def validate(raw: Any, source: str = "scenario") -> dict:
 
     lem = _get(raw, "lemons", source, dict, {})
     lp = f"{source}.lemons"
-    _unknown(lem, {"fraction", "multiplier", "cured_by"}, lp)
+    _unknown(lem, {"fraction", "multiplier", "cured_by", "cure_probability"}, lp)
     sc["lemons"] = {"fraction": _get(lem, "fraction", lp, float, 0.0, _prob),
                     "multiplier": _get(lem, "multiplier", lp, float, 5.0, lambda v: None if v >= 1 else "a value >= 1"),
-                    "cured_by": _get(lem, "cured_by", lp, str, "replace", _one_of(ACTIONS))}
+                    "cured_by": _get(lem, "cured_by", lp, str, "replace", _one_of(ACTIONS)),
+                    # misdiagnosis: a repair that passes verification but leaves the lemon's fault in place
+                    "cure_probability": _get(lem, "cure_probability", lp, float, 1.0, _prob)}
 
     rep = _get(raw, "repair", source, dict, {})
     rp = f"{source}.repair"
