@@ -48,7 +48,6 @@ PRESETS: Dict[str, Dict[str, Any]] = {
         "groups_claim": "groups",
         "algorithms": ["RS256"],
         "username_lowercase": True,
-        "username_strip_domains": ["*"],
     },
     # Entra ID: v2 issuer https://login.microsoftonline.com/<tenant>/v2.0, audience api://<app>
     # (never validate Graph tokens), app roles arrive in "roles" (names, not GUIDs), groups in
@@ -59,9 +58,26 @@ PRESETS: Dict[str, Dict[str, Any]] = {
         "groups_claim": "roles",
         "algorithms": ["RS256"],
         "username_lowercase": True,
-        "username_strip_domains": ["*"],
     },
 }
+
+#: Presets whose user names are ``user@domain`` (an email or UPN): the file must say which domains are the site's
+#: (``allowed_domains``); a name in any other domain is refused, never stripped to its local part.
+DOMAIN_PRESETS = ("okta", "entra")
+
+_PLAIN_ASCII = re.compile(r"[\x21-\x7e]+")
+_ASCII_FOLD = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def is_plain_ascii(name: Any) -> bool:
+    """True for a non-empty string of printable ASCII without spaces: the only identities that are compared."""
+    return isinstance(name, str) and bool(_PLAIN_ASCII.fullmatch(name))
+
+
+def fold_ascii(name: str) -> str:
+    """Lower-case A-Z only. ``str.lower()``, ``casefold()`` and NFKC map look-alikes (U+212A KELVIN SIGN, long s,
+    ligatures, full-width letters) onto ASCII letters; an identity is never passed through them."""
+    return name.translate(_ASCII_FOLD)
 
 DEFAULT_USERNAME_REGEX = r"^[a-z_][a-z0-9_.-]{0,31}$"
 
@@ -85,7 +101,9 @@ class OIDCConfig:
     allowed_azp: List[str] = field(default_factory=list)
     max_token_age: Optional[int] = None
     acr_values: List[str] = field(default_factory=list)
-    username_strip_domains: List[str] = field(default_factory=list)
+    allowed_domains: List[str] = field(default_factory=list)
+    min_uid: int = 1000
+    max_uid: int = 60000
     username_lowercase: bool = True
     username_regex: str = DEFAULT_USERNAME_REGEX
     user_map: Dict[str, str] = field(default_factory=dict)
@@ -151,9 +169,14 @@ def redact_config(data: Any) -> Any:
 _REQUIRED = ("issuer", "audience", "username_claim", "groups_claim", "allowed_groups", "jwks_cache_dir")
 
 
+#: Keys whose value never appears in an error message (it reaches stderr and the PAM log).
+_UNSHOWN = SECRET_KEYS + ("proxy",)
+
+
 def _str(key: str, v: Any, allow_empty: bool = False) -> str:
     if not isinstance(v, str) or (not allow_empty and not v.strip()):
-        raise ConfigError(key, f"expected a non-empty string, got {type(v).__name__} {v!r}"[:200])
+        shown = "(value not shown)" if key in _UNSHOWN else repr(v)
+        raise ConfigError(key, f"expected a non-empty string, got {type(v).__name__} {shown}"[:200])
     return v
 
 
@@ -188,12 +211,33 @@ def _url(key: str, v: Any) -> str:
     return v
 
 
+def _domains(data: Dict[str, Any], preset: Optional[str]) -> Dict[str, Any]:
+    """``allowed_domains`` (``username_strip_domains`` is its old name): the domains whose ``user@domain`` names map
+    to ``user``; names in any other domain are refused. ``*`` (any domain) is refused: ``alice@evil.example``
+    would log in as ``alice``."""
+    if "allowed_domains" in data and "username_strip_domains" in data:
+        raise ConfigError("username_strip_domains", "old name of allowed_domains: set only allowed_domains")
+    key = "username_strip_domains" if "username_strip_domains" in data else "allowed_domains"
+    if key not in data:
+        if preset in DOMAIN_PRESETS:
+            raise ConfigError("allowed_domains", f"preset {preset} maps user@domain names: list the domains of "
+                                                 "your users (names in other domains are refused), or [] when "
+                                                 "names carry no domain")
+        return {}
+    doms = _str_list(key, data[key], scalar_ok=True)
+    for d in doms:
+        if d == "*" or not is_plain_ascii(d) or "@" in d:
+            raise ConfigError(key, f"expected domain names such as corp.example ('*' is not accepted: it would "
+                                   f"map alice@evil.example to alice), got {ascii(d)[:80]}")
+    return {"allowed_domains": doms}
+
+
 def parse_config(data: Any) -> OIDCConfig:
     """Validate a mapping (already parsed YAML) and return an :class:`OIDCConfig`."""
     if not isinstance(data, dict):
         raise ConfigError("", "the configuration must be a YAML mapping")
     data = dict(data)
-    known = set(OIDCConfig.__dataclass_fields__) - {"audiences"} | {"audience"}
+    known = set(OIDCConfig.__dataclass_fields__) - {"audiences"} | {"audience", "username_strip_domains"}
     for k in data:
         if k not in known:
             raise ConfigError(str(k), "unknown setting")
@@ -222,9 +266,10 @@ def parse_config(data: Any) -> OIDCConfig:
         if data["groups_match"] not in ("any", "all"):
             raise ConfigError("groups_match", f"expected 'any' or 'all', got {data['groups_match']!r}")
         kw["groups_match"] = data["groups_match"]
-    for k in ("denied_groups", "required_typ", "allowed_azp", "acr_values", "username_strip_domains"):
+    for k in ("denied_groups", "required_typ", "allowed_azp", "acr_values"):
         if k in data:
             kw[k] = _str_list(k, data[k], scalar_ok=True)
+    kw.update(_domains(data, preset))
     if "denied_users" in data:
         kw["denied_users"] = _str_list("denied_users", data["denied_users"])
     # root is always denied, whatever the file says.
@@ -238,9 +283,12 @@ def parse_config(data: Any) -> OIDCConfig:
                 f"refused: {', '.join(bad)}")
         kw["algorithms"] = algs
     for k, lo in (("leeway", 0), ("max_token_bytes", 256), ("jwks_ttl", 1), ("metadata_ttl", 1),
-                  ("max_stale", 0), ("min_refresh_interval", 0), ("device_timeout", 1)):
+                  ("max_stale", 0), ("min_refresh_interval", 0), ("device_timeout", 1), ("min_uid", 1),
+                  ("max_uid", 1)):
         if k in data:
             kw[k] = _int(k, data[k], lo)
+    if kw.get("max_uid", 60000) < kw.get("min_uid", 1000):
+        raise ConfigError("max_uid", f"expected max_uid >= min_uid ({kw.get('min_uid', 1000)})")
     if kw.get("leeway", 60) > 300:
         raise ConfigError("leeway", "more than 300 seconds of clock skew is not accepted")
     if "max_token_age" in data and data["max_token_age"] is not None:
@@ -265,11 +313,16 @@ def parse_config(data: Any) -> OIDCConfig:
         if not isinstance(m, dict) or not all(isinstance(a, str) and isinstance(b, str) and a and b
                                               for a, b in m.items()):
             raise ConfigError("user_map", "expected a mapping of IdP user name -> local user name (strings)")
+        bad = [n for pair in m.items() for n in pair if not is_plain_ascii(n)]
+        if bad:
+            raise ConfigError("user_map", f"names must be plain printable ASCII (look-alikes are refused): "
+                                          f"{ascii(bad[0])[:80]}")
         kw["user_map"] = dict(m)
     if data.get("proxy") is not None:
         v = _str("proxy", data["proxy"])
         if not re.match(r"^https?://[^\s/]+(:\d+)?/?$", v):
-            raise ConfigError("proxy", f"expected http://host:port, got {v!r}")
+            raise ConfigError("proxy", "expected http://host:port or http://user:password@host:port "
+                                       "(the value is not shown: it may hold a password)")
         kw["proxy"] = v
     if data.get("jwks_uri") is not None:
         kw["jwks_uri"] = _url("jwks_uri", data["jwks_uri"])
@@ -296,5 +349,8 @@ def load_config(path: str) -> OIDCConfig:
     except OSError as e:
         raise ConfigError("", f"cannot read configuration {path}: {e.strerror}")
     except yaml.YAMLError as e:
-        raise ConfigError("", f"configuration {path} is not valid YAML: {e}")
+        # only the position: the parser's message may quote part of a secret
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise ConfigError("", f"configuration {path} is not valid YAML{where}")
     return parse_config(data)

@@ -2,11 +2,14 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Claims -> local user mapping and the group/role gate.
 
-Mapping: take ``username_claim``; strip a domain (``user@corp.example`` -> ``user``) when the
-domain is listed in ``username_strip_domains`` (``*`` = any); lower-case it when
-``username_lowercase``; apply ``user_map`` (keys compared after the same normalisation);
-the result must fully match ``username_regex``. ``root`` (and any uid 0 account) and
-``denied_users`` are always refused.
+Mapping: take ``username_claim``; refuse it unless it is plain printable ASCII (checked *before* any
+folding: ``"sec\\u212aate".lower() == "seckate"`` with U+212A KELVIN SIGN, and ``casefold()`` or NFKC map
+long s, ligatures and full-width letters onto ASCII names too, so none of them is ever applied to an
+identity); a ``user@domain`` name keeps only ``user`` when ``domain`` is in ``allowed_domains`` and is
+refused for any other domain; fold A-Z to a-z when ``username_lowercase``; apply ``user_map`` (keys
+compared after the same steps); the result must fully match ``username_regex``. ``root``,
+``denied_users`` and local system accounts (uid below ``min_uid`` or above ``max_uid``, uid 0 always)
+are refused.
 
 Gate: the ``groups_claim`` value (a list, or one string) must contain any (``groups_match:
 any``) or all (``all``) of ``allowed_groups`` and none of ``denied_groups``.
@@ -17,17 +20,21 @@ import pwd
 import re
 from typing import Any, Dict, List, Optional
 
-from .config import OIDCConfig
+from .config import OIDCConfig, fold_ascii, is_plain_ascii
 from .errors import NotAuthorised
 
 
 def _normalise(cfg: OIDCConfig, name: str) -> str:
-    if "@" in name and cfg.username_strip_domains:
+    """The local-name candidate for an IdP user name; raises NotAuthorised for a look-alike or foreign domain."""
+    if not is_plain_ascii(name):
+        raise NotAuthorised(f"user name claim {ascii(name)[:80]} is not plain ASCII (look-alike names are refused)")
+    if cfg.allowed_domains and "@" in name:
         local, _sep, domain = name.rpartition("@")
-        if "*" in cfg.username_strip_domains or domain.lower() in {d.lower() for d in cfg.username_strip_domains}:
-            name = local
+        if fold_ascii(domain) not in {fold_ascii(d) for d in cfg.allowed_domains}:
+            raise NotAuthorised(f"user name domain {domain[:64]!r} is not in allowed_domains")
+        name = local
     if cfg.username_lowercase:
-        name = name.lower()
+        name = fold_ascii(name)
     return name
 
 
@@ -35,14 +42,17 @@ def map_user(cfg: OIDCConfig, claims: Dict[str, Any]) -> str:
     raw = claims.get(cfg.username_claim)
     if not isinstance(raw, str) or not raw:
         raise NotAuthorised(f"claim {cfg.username_claim!r} missing or not a string")
-    name = _normalise(cfg, raw)
-    mapped = None
-    for remote, local in cfg.user_map.items():
-        if remote == raw or _normalise(cfg, remote) == name:
-            mapped = local
-            break
-    if mapped is not None:
-        name = mapped
+    if raw in cfg.user_map:  # an exact entry is the site's explicit decision (keys are plain ASCII: config.py)
+        name = cfg.user_map[raw]
+    else:
+        name = _normalise(cfg, raw)
+        for remote, local in cfg.user_map.items():
+            try:
+                if _normalise(cfg, remote) == name:
+                    name = local
+                    break
+            except NotAuthorised:
+                continue  # a key for a domain that is not allowed only matches exactly (above)
     if not re.fullmatch(cfg.username_regex, name):
         raise NotAuthorised(f"mapped user name {name[:64]!r} does not match username_regex")
     if name in cfg.denied_users or name == "root":
@@ -53,6 +63,9 @@ def map_user(cfg: OIDCConfig, claims: Dict[str, Any]) -> str:
         pw = None
     if pw is not None and pw.pw_uid == 0:
         raise NotAuthorised(f"user {name!r} has uid 0 and is denied")
+    if pw is not None and not cfg.min_uid <= pw.pw_uid <= cfg.max_uid:
+        raise NotAuthorised(f"user {name!r} is a system account (uid {pw.pw_uid} outside min_uid {cfg.min_uid}"
+                            f"..max_uid {cfg.max_uid}) and is denied")
     if cfg.require_local_user and pw is None:
         raise NotAuthorised(f"no local account {name!r}")
     return name

@@ -45,10 +45,10 @@ def test_load_yaml_file(tmp_path, base_conf):
     import yaml
 
     p = tmp_path / "oidc.yml"
-    p.write_text(yaml.safe_dump(dict(base_conf, preset="entra")))
+    p.write_text(yaml.safe_dump(dict(base_conf, preset="entra", allowed_domains=["contoso.example"])))
     cfg = load_config(str(p))
     assert cfg.groups_claim == "groups"  # explicit key beats the preset's "roles"
-    assert cfg.username_strip_domains == ["*"]  # from the preset
+    assert cfg.allowed_domains == ["contoso.example"] and cfg.username_claim == "preferred_username"
     assert cfg.denied_users == ["root"]
     (tmp_path / "bad.yml").write_text("issuer: [unclosed")
     with pytest.raises(ConfigError, match="not valid YAML"):
@@ -58,14 +58,15 @@ def test_load_yaml_file(tmp_path, base_conf):
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_presets_load(base_conf, preset):
     d = {k: v for k, v in base_conf.items() if k not in ("username_claim", "groups_claim")}
-    cfg = parse_config(dict(d, preset=preset))
+    cfg = parse_config(dict(d, preset=preset, allowed_domains=["corp.example"]))
     assert cfg.username_claim and cfg.groups_claim
     assert set(cfg.algorithms) <= {"RS256", "ES256", "PS256"}
 
 
 def test_entra_roles_gate(make_cfg):
     base = {k: None for k in ()}
-    cfg = make_cfg(preset="entra", groups_claim="roles", allowed_groups=["Cluster.User"], **base)
+    cfg = make_cfg(preset="entra", groups_claim="roles", allowed_groups=["Cluster.User"],
+                   allowed_domains=["contoso.onmicrosoft.com"], **base)
     claims = {"preferred_username": "Alice.Smith@Contoso.onmicrosoft.com", "roles": ["Cluster.User"],
               "groups": ["6f0e9a3c-5d1b-4a8e-9c2f-0b1d2e3f4a5b"]}
     assert authorise(cfg, claims) == "alice.smith"
@@ -75,7 +76,7 @@ def test_entra_roles_gate(make_cfg):
     ({}, {"preferred_username": "Alice"}, "alice"),
     ({"username_lowercase": False, "username_regex": "^[A-Za-z]+$"}, {"preferred_username": "Alice"}, "Alice"),
     ({"username_strip_domains": ["corp.example"]}, {"preferred_username": "bob@CORP.example"}, "bob"),
-    ({"username_claim": "email", "username_strip_domains": ["*"]}, {"email": "carol@x.test"}, "carol"),
+    ({"username_claim": "email", "allowed_domains": ["x.test"]}, {"email": "carol@X.Test"}, "carol"),
     ({"user_map": {"Dave@Corp.Example": "dsmith"}, "username_strip_domains": ["corp.example"]},
      {"preferred_username": "dave@corp.example"}, "dsmith"),
 ])
@@ -85,7 +86,7 @@ def test_user_mapping(make_cfg, over, claims, expected):
 
 @pytest.mark.parametrize("over,claims,msg", [
     ({}, {"preferred_username": "root"}, "denied"),
-    ({"username_strip_domains": ["*"]}, {"preferred_username": "root@corp.example"}, "denied"),
+    ({"allowed_domains": ["corp.example"]}, {"preferred_username": "root@corp.example"}, "denied"),
     ({"user_map": {"alice": "root"}}, {"preferred_username": "alice"}, "denied"),
     ({"denied_users": ["mallory"]}, {"preferred_username": "mallory"}, "denied"),
     ({}, {"preferred_username": "bob@corp.example"}, "username_regex"),
