@@ -52,10 +52,22 @@ USERS = {
     f"{PREFIX}alice": ["hpc-users", "gpu-a100"],
     f"{PREFIX}bob": ["students"],
     f"{PREFIX}dave": ["hpc-users"] + [f"proj-{i:03d}-gpu-allocation-group" for i in range(40)],
+    f"{PREFIX}kate": ["hpc-users"],
 }
 ACCOUNTS = {u: {"preferred_username": u, "name": u.title(), "email": f"{u}@example.test", "email_verified": True,
                 "groups": g} for u, g in USERS.items()}
 ACCOUNTS[f"{PREFIX}carol"] = {"preferred_username": f"{PREFIX}carol", "groups": ["hpc-users"]}  # no local user
+# Other identities whose preferred_username looks like (or folds onto) the local user gfokate: account id -> name.
+LOOK_ALIKES = {
+    "lookalike-kelvin": f"{PREFIX}\u212aate",  # KELVIN SIGN: str.lower() gives "gfokate"
+    "lookalike-kelvin-upper": f"{PREFIX.upper()}\u212aATE",
+    "lookalike-fullwidth": "".join(chr(0xFF00 + ord(c) - 0x20) for c in f"{PREFIX}kate"),  # NFKC -> gfokate
+    "lookalike-long-s": f"{PREFIX}kate\u017f",  # long s: casefold -> "s"
+    "lookalike-cyrillic": f"{PREFIX}k\u0430te",  # CYRILLIC SMALL LETTER A
+}
+for _acct, _name in LOOK_ALIKES.items():
+    ACCOUNTS[_acct] = {"preferred_username": _name, "groups": ["hpc-users"]}
+ACCOUNTS["kate-upper"] = {"preferred_username": f"{PREFIX.upper()}KATE", "groups": ["hpc-users"]}  # ASCII: folds
 
 
 class IdP:
