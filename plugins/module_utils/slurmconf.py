@@ -765,6 +765,17 @@ class ConfFile:
     def includes(self):
         return [entry.include for entry in self.entries if entry.type == "include"]
 
+    def outline(self):
+        """The global settings and Include lines in file order: [(key, value)], keys spelt as Slurm documents
+        them, ``("Include", target)`` for an Include line. Record lines (NodeName=...) are left out."""
+        out = []
+        for entry in self.entries:
+            if entry.type == "include":
+                out.append(("Include", entry.include))
+            elif entry.type == "pairs" and not self._is_record(entry):
+                out.extend((canonical_key(self.kind, pair.key), pair.value) for pair in entry.pairs)
+        return out
+
     def records(self, head=None):
         for entry in self.entries:
             if self._is_record(entry) and (head is None or entry.head() == head.lower()):

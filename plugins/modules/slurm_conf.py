@@ -184,6 +184,19 @@ slurm_version:
   returned: always
   type: str
   sample: "22.05.8"
+current:
+  description:
+    - The file's global settings and C(Include) lines as they were before any change, in file order, one
+      C(key)/C(value) item each (keys spelt as slurm.conf(5) spells them; an C(Include) line is
+      C({key: Include, value: <file>})). Node and partition lines are left out.
+    - With no O(settings), O(nodes) or O(partitions) the module only reads the file, so this is how a play
+      finds, for example, the C(HealthCheckProgram) or C(Epilog) a site already has and where its C(Include)
+      lines are. Slurm uses the last occurrence of a repeated key.
+    - Empty when the file does not exist yet.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{key: HealthCheckProgram, value: /usr/sbin/nhc}, {key: Include, value: /etc/slurm/gpufleet.conf}]
 backup_file:
   description: Name of the backup of the old file.
   returned: when O(backup=true) and the file changed
@@ -295,6 +308,7 @@ def main():
     except (OSError, UnicodeError) as exc:
         module.fail_json(msg=f"path: cannot read {path}: {exc}")
 
+    current = conf.outline()
     for key, value in params["settings"].items():
         try:
             if value is None:
@@ -323,6 +337,7 @@ def main():
         restart_needed=bool(reasons),
         restart_reasons=reasons,
         reconfigure_needed=changed and not reasons,
+        current=[dict(key=key, value=value) for key, value in current],
     )
     if module._diff:
         result["diff"] = dict(before=before, after=after, before_header=path, after_header=path)
