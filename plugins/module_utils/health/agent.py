@@ -16,9 +16,9 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
-from . import judge
+from . import judge, metrics
 from .model import PROBE_FAILED, Snapshot
-from .report import ACTION_ORDER, VERDICTS, Report
+from .report import Report
 from .smi import read_nvidia_smi_text, read_nvidia_smi_xml
 from .state import atomic_write, load_state, save_state
 from .xid_catalog_data import CATALOG_VERSION
@@ -27,7 +27,7 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
 REASON_PREFIX = "gpufleet:"
 EXIT_USAGE = 64
-PROM_FILE = "gpufleet_health.prom"
+PROM_FILE = metrics.PROM_FILE
 
 
 class UsageError(Exception):
@@ -188,94 +188,6 @@ def slurm_act(report: Report, name: str, client=None) -> Dict[str, Any]:
     return result
 
 
-# ------------------------------------------------------------------ Prometheus textfile
-def _esc(v: Any) -> str:
-    return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def prometheus_text(report: Report, snap: Optional[Snapshot], duration_s: float, node: str,
-                    slurm: Optional[Dict[str, Any]] = None) -> str:
-    lines: List[str] = []
-
-    def metric(name, help_, typ, samples):
-        lines.append(f"# HELP {name} {help_}")
-        lines.append(f"# TYPE {name} {typ}")
-        for labels, value in samples:
-            lab = ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items())
-            lines.append(f"{name}{{{lab}}} {value}" if lab else f"{name} {value}")
-
-    verdict, action = report.verdict, report.action
-    metric("gpufleet_health_verdict", "Node health verdict (1 for the current one).", "gauge",
-           [({"node": node, "verdict": v}, int(v == verdict)) for v in VERDICTS])
-    metric("gpufleet_health_action", "Recommended action (1 for the current one).", "gauge",
-           [({"node": node, "action": a}, int(a == action)) for a in ACTION_ORDER])
-    metric("gpufleet_health_drain_requested", "1 when a finding asks for the node to be drained although no "
-           "automatic repair applies (node-level power brake / HW slowdown).", "gauge",
-           [({"node": node}, int(report.drain))])
-    metric("gpufleet_health_exit_code", "Exit code of the last check (0 healthy .. 3 unknown).", "gauge",
-           [({"node": node}, report.exit_code)])
-    counts = {s: 0 for s in ("info", "warning", "critical", "unknown")}
-    for f in report.findings:
-        counts[f.severity] += 1
-    metric("gpufleet_health_findings", "Findings of the last check by severity.", "gauge",
-           [({"node": node, "severity": s}, n) for s, n in counts.items()])
-    seen = set()
-    samples = []
-    for f in report.findings:
-        if f.severity == "info":
-            continue
-        labels = {"node": node, "check": f.check, "code": f.code, "gpu": "" if f.gpu is None else f.gpu,
-                  "severity": f.severity, "action": f.action}
-        key = tuple(labels.items())
-        if key not in seen:
-            seen.add(key)
-            samples.append((labels, 1))
-    metric("gpufleet_health_finding", "One series per non-informational finding of the last check.", "gauge",
-           samples)
-    metric("gpufleet_health_last_run_timestamp_seconds", "When the last check ran (Unix time).", "gauge",
-           [({"node": node}, f"{report.checked_at or time.time():.3f}")])
-    metric("gpufleet_health_check_duration_seconds", "Wall time of the last check.", "gauge",
-           [({"node": node}, f"{duration_s:.6f}")])
-    if slurm is not None:
-        metric("gpufleet_health_drained", "1 when this check drained the node.", "gauge",
-               [({"node": node}, int(slurm.get("action") == "drained"))])
-    if snap is not None:
-        metric("gpufleet_health_probe_ok", "1 when the GPU probe answered (ok or partial).", "gauge",
-               [({"node": node, "source": snap.source or ""}, int(snap.probe_status in ("ok", "partial")))])
-        metric("gpufleet_health_gpus_visible", "GPUs that answered the probe.", "gauge",
-               [({"node": node}, sum(1 for g in snap.gpus if not g.lost))])
-        gauges = (("gpufleet_gpu_temperature_celsius", "GPU temperature.", "temperature"),
-                  ("gpufleet_gpu_power_draw_watts", "GPU power draw.", "power_draw"),
-                  ("gpufleet_gpu_power_limit_watts", "Enforced GPU power limit.", "power_limit"),
-                  ("gpufleet_gpu_ecc_volatile_uncorrected_errors", "Uncorrectable ECC errors since the last reset.",
-                   "ecc_volatile_dbe"),
-                  ("gpufleet_gpu_remapped_rows_pending", "1 when a row remap waits for a GPU reset.",
-                   "remapped_rows_pending"),
-                  ("gpufleet_gpu_recovery_action", "NVML GPU recovery action (0 none .. 7).", "recovery_action"),
-                  ("gpufleet_gpu_lost", "1 when the GPU is lost.", "lost"))
-        for name, help_, attr in gauges:
-            samples = []
-            for g in snap.gpus:
-                v = getattr(g, attr)
-                if v is None:
-                    continue
-                samples.append(({"node": node, "gpu": g.index, "pci": g.pci or ""}, int(v) if isinstance(v, bool)
-                                else v))
-            if samples:
-                metric(name, help_, "gauge", samples)
-        samples = [({"node": node, "gpu": g.index, "pci": g.pci or ""}, g.pcie_replay_counter) for g in snap.gpus
-                   if g.pcie_replay_counter is not None]
-        if samples:
-            metric("gpufleet_gpu_pcie_replays_total", "PCIe replays since the driver loaded.", "counter", samples)
-    return "\n".join(lines) + "\n"
-
-
-def write_textfile(directory: str, text: str) -> str:
-    path = os.path.join(directory, PROM_FILE)
-    atomic_write(path, text, mode=0o644)
-    return path
-
-
 # ------------------------------------------------------------------ record
 def record(directory: str, snap: Snapshot, kernel_text: str, report: Report, deadline: float) -> str:
     from .. import nvml
@@ -355,9 +267,12 @@ def check(args) -> int:
         report = judge(snap, lines, config=cfg, state=state, now=args.now)
     except ValueError as exc:
         raise UsageError(str(exc))
+    counters = metrics.update_counters(state.get("metrics"), snap, lines) if args.textfile else state.get("metrics")
     if args.state_file:
         new_state = dict(report.state or {})
         new_state["kmsg_cursor"] = cursor if cursor is not None else state.get("kmsg_cursor")
+        if counters is not None:
+            new_state["metrics"] = counters
         try:
             save_state(args.state_file, new_state)
         except OSError as exc:
@@ -372,7 +287,8 @@ def check(args) -> int:
     duration = time.perf_counter() - t0
     if args.textfile:
         try:
-            write_textfile(args.textfile, prometheus_text(report, snap, duration, name, slurm))
+            metrics.write_textfile(args.textfile, metrics.prometheus_text(report, snap, duration, name, slurm,
+                                                                          counters))
         except OSError as exc:
             notes.append(f"textfile not written: {args.textfile}: {exc.strerror or exc}")
     d = report.to_dict()
