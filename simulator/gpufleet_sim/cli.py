@@ -1,4 +1,4 @@
-"""gpufleet-sim: run | sweep | validate."""
+"""gpufleet-sim: run | sweep | spares | validate."""
 
 from __future__ import annotations
 
@@ -70,9 +70,11 @@ def _sweep_point(job):
     sc = scn.validate(scn.override(raw, assign))
     pol = resolve(policy) if isinstance(policy, str) else policy
     rows = [run_one(sc, pol, s) for s in range(1, seeds + 1)]
-    return {"assign": assign, "value": value, "ettr": mean_ci([r["ettr"] for r in rows]),
-            "lost_gpu_hours": mean_ci([r["lost_gpu_hours"] for r in rows]),
-            "cost_usd": mean_ci([r["cost_usd"] for r in rows])}
+    keep = ("ettr", "lost_gpu_hours", "cost_usd", "lost_cost_usd", "spare_cost_usd", "pool_ran_empty",
+            "peak_spare_demand")
+    return {"assign": assign, "value": value, "policy": pol["name"],
+            **{k: mean_ci([float(r[k]) for r in rows]) for k in keep},
+            "per_seed": [{"seed": r["seed"], **{k: r[k] for k in keep}} for r in rows]}
 
 
 def _parse_value(v: str):
@@ -101,6 +103,15 @@ def cmd_sweep(args) -> int:
         scn.validate(scn.override(sc["raw"], assign), source=f"{param}={json.dumps(v)}")  # every point, up front
         jobs.append((sc["raw"], assign, policy, seeds, v))
     resolve(policy, "--policy" if args.policy else "sweep.policy")
+    results = _run_points(args, jobs, "sweep")
+    if isinstance(results, int):
+        return results
+    return _sweep_report(args, param, results)
+
+
+def _run_points(args, jobs: list, command: str):
+    """Run sweep points on all cores (a progress bar on a terminal), or one of them inside a Slurm array task, or
+    all of them as a Slurm job array. Returns the points' results, or an exit code."""
     if args.task is not None:  # one point, inside a Slurm array task
         res = _sweep_point(jobs[args.task])
         Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -109,10 +120,87 @@ def cmd_sweep(args) -> int:
         os.replace(tmp, Path(args.out) / f"point-{args.task}.json")
         return 0
     if args.slurm:
-        return _sweep_slurm(args, len(jobs))
+        return _sweep_slurm(args, len(jobs), command)
+    cb, bar = _progress_factory(len(jobs))
+    results: list = [None] * len(jobs)
     with mp.Pool(args.jobs or os.cpu_count() or 1) as pool:
-        results = pool.map(_sweep_point, jobs)
-    return _sweep_report(args, param, results)
+        for i, res in enumerate(pool.imap(_sweep_point, jobs)):
+            results[i] = res
+            if cb:
+                cb(i + 1, len(jobs))
+    if bar is not None:
+        bar.close()
+    return results
+
+
+def cmd_spares(args) -> int:
+    """Which policy and how many spare nodes minimise the total cost: lost GPU-hours x price + the spares' cost."""
+    sc = scn.load(args.scenario)
+    job_nodes = sum(j["nodes"] for j in sc["jobs"])
+    have = sc["cluster"]["nodes"] - job_nodes
+    if args.spares:
+        try:
+            counts = sorted({int(v) for v in args.spares.split(",")})
+        except ValueError:
+            raise SpecError(f"--spares: expected comma-separated whole numbers of spare nodes, got {args.spares!r}")
+        if counts[0] < 0:
+            raise SpecError(f"--spares: expected counts >= 0, got {counts[0]}")
+    else:
+        counts = sorted({0, max(1, have // 4), max(1, have // 2), have, 2 * have, 3 * have})
+    pols = _policies(args, sc)
+    seeds = args.seeds or sc["seeds"]
+    jobs = []
+    for pol in pols:
+        for k in counts:
+            assign = {"cluster.nodes": job_nodes + k}
+            scn.validate(scn.override(sc["raw"], assign), source=f"spares {k}")
+            jobs.append((sc["raw"], assign, pol, seeds, k))
+    results = _run_points(args, jobs, "spares")
+    if isinstance(results, int):
+        return results
+    return _spares_report(args, sc, results)
+
+
+def _spares_report(args, sc: dict, results: list) -> int:
+    from .runner import paired
+
+    best = min(results, key=lambda r: r["cost_usd"]["mean"])
+    rivals = sorted((r for r in results if r is not best), key=lambda r: r["cost_usd"]["mean"])
+    out = {"scenario": sc["name"], "price_per_gpu_hour": sc["price_per_gpu_hour"],
+           "spare_cost_per_gpu_hour": sc["spare_cost_per_gpu_hour"],
+           "points": [{k: v for k, v in r.items() if k != "per_seed"} for r in results],
+           "best": {"policy": best["policy"], "spares": best["value"], "cost_usd": best["cost_usd"]}}
+    if rivals:
+        nxt = rivals[0]
+        d = paired({"best": best["per_seed"], "next": nxt["per_seed"]}, "best", ("cost_usd",))["policies"]["next"][
+            "cost_usd"]
+        out["runner_up"] = {"policy": nxt["policy"], "spares": nxt["value"], "cost_usd": nxt["cost_usd"],
+                            "extra_cost_usd_paired": d}
+    if args.json != "-":
+        print(f"{sc['name']}: total cost = lost GPU-h x ${sc['price_per_gpu_hour']:g} + spare GPU-h x "
+              f"${sc['spare_cost_per_gpu_hour']:g}; mean over seeds, 95 % CI")
+        print(f"{'policy':<32} {'spares':>6} {'ETTR':>8} {'lost $':>14} {'spares $':>12} {'total $':>26} "
+              f"{'P(no spare)':>11}")
+        for r in results:
+            c = r["cost_usd"]
+            print(f"{r['policy']:<32} {r['value']:>6} {r['ettr']['mean'] * 100:>7.2f}% "
+                  f"{r['lost_cost_usd']['mean']:>14,.0f} {r['spare_cost_usd']['mean']:>12,.0f} "
+                  f"{c['mean']:>12,.0f} [{c['ci95'][0]:,.0f}, {c['ci95'][1]:,.0f}] "
+                  f"{r['pool_ran_empty']['mean']:>11.2f}")
+        line = f"cheapest: {best['policy']} with {best['value']} spare nodes, ${best['cost_usd']['mean']:,.0f}"
+        if rivals:
+            d = out["runner_up"]["extra_cost_usd_paired"]
+            line += (f"; next: {nxt['policy']} with {nxt['value']} spares costs ${d['mean']:+,.0f} more, paired "
+                     f"95 % CI [{d['ci95'][0]:+,.0f}, {d['ci95'][1]:+,.0f}]"
+                     + ("" if d["ci95"][0] > 0 else " (not separated: run more seeds)"))
+        print(line)
+    if args.json:
+        data = json.dumps(out, indent=2, default=float)
+        if args.json == "-":
+            print(data)
+        else:
+            Path(args.json).write_text(data)
+    return 0
 
 
 def _sweep_report(args, param, results) -> int:
@@ -132,15 +220,16 @@ def _sweep_report(args, param, results) -> int:
     return 0
 
 
-def _sweep_slurm(args, n: int) -> int:
-    """Submit the points as one Slurm job array (sbatch --wait), then collect and report."""
-    out = Path(args.out or "out/sweep").resolve()
+def _sweep_slurm(args, n: int, command: str = "sweep"):
+    """Submit the points as one Slurm job array (sbatch --wait), then collect them (or return an exit code)."""
+    out = Path(args.out or f"out/{command}").resolve()
     out.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "gpufleet_sim.cli", "sweep", os.path.abspath(args.scenario), "--out", str(out),
+    argv = [sys.executable, "-m", "gpufleet_sim.cli", command, os.path.abspath(args.scenario), "--out", str(out),
             "--task", "$SLURM_ARRAY_TASK_ID"]
-    for k in ("param", "values", "policy"):
-        if getattr(args, k):
-            argv += [f"--{k}", str(getattr(args, k))]
+    for k in ("param", "values", "policy", "spares"):
+        v = getattr(args, k, None)
+        for one in (v if isinstance(v, list) else [v] if v else []):
+            argv += [f"--{k}", str(one)]
     if args.seeds:
         argv += ["--seeds", str(args.seeds)]
     cmd = " ".join(shlex.quote(a) if not a.startswith("$") else f'"{a}"' for a in argv)
@@ -162,8 +251,7 @@ def _sweep_slurm(args, n: int) -> int:
             print(f"array task {i} wrote no result ({p})", file=sys.stderr)
             return 2
         results.append(json.loads(p.read_text()))
-    param = args.param or scn.load(args.scenario)["sweep"].get("param")
-    return _sweep_report(args, param, results)
+    return results
 
 
 def cmd_validate(args) -> int:
@@ -212,6 +300,19 @@ def main(argv=None) -> int:
     s.add_argument("--out")
     s.add_argument("--json")
     s.set_defaults(fn=cmd_sweep)
+    sp = sub.add_parser("spares", help="which policy and how many spare nodes minimise lost time + spare cost")
+    sp.add_argument("scenario")
+    sp.add_argument("--spares", help="comma-separated spare-node counts (default: 0 to 3x the scenario's)")
+    sp.add_argument("--policy", action="extend", nargs="+", help="policies to compare (default: the scenario's)")
+    sp.add_argument("--seeds", type=int)
+    sp.add_argument("--jobs", type=int, help="local worker processes (default: all cores)")
+    sp.add_argument("--slurm", action="store_true", help="run the points as a Slurm job array")
+    sp.add_argument("--sbatch", help="sbatch command (default: sbatch on PATH)")
+    sp.add_argument("--slurm-args", help="extra sbatch arguments, e.g. '--partition=debug'")
+    sp.add_argument("--task", type=int, help=argparse.SUPPRESS)
+    sp.add_argument("--out")
+    sp.add_argument("--json")
+    sp.set_defaults(fn=cmd_spares)
     v = sub.add_parser("validate", help="run the published validation cases; exit 0 only if all pass")
     v.add_argument("--json")
     v.add_argument("--quick", action="store_true", help="fewer seeds (the tolerances still hold)")

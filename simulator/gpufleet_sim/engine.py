@@ -288,7 +288,7 @@ class Sim:
         self.lemons_initial: list[int] = []
         self.stats = {"spares_used": 0, "retired": 0, "repairs": 0, "repair_actions": {}, "mttr": [],
                       "proactive_drains": 0, "escalations": 0, "faults": 0, "faults_idle": 0, "brain_calls": 0,
-                      "approvals": 0, "lemon_faults": 0,
+                      "approvals": 0, "lemon_faults": 0, "peak_out": 0, "pool_empty": 0,
                       "events": 0}
         self.waiting_jobs: list[Job] = []
         self.out_count = 0
@@ -376,6 +376,7 @@ class Sim:
             if spares == "none":
                 continue
             if not self.idle:
+                self.stats["pool_empty"] += 1  # a slot to fill and no spare left: the job waits for a repair
                 break
             n = self.idle[self.rng.randrange(len(self.idle))]
             self._idle_remove(n)
@@ -761,6 +762,8 @@ class Sim:
             self._idle_remove(n)
         self.owner[n] = -2
         self.out_count += 1
+        if self.out_count > self.stats["peak_out"]:
+            self.stats["peak_out"] = self.out_count
         r = n // self.rack
         self.rack_out[r] = self.rack_out.get(r, 0) + 1
 

@@ -39,12 +39,14 @@ _ONE_SEED = [False]
 
 def table(res: dict) -> str:
     _ONE_SEED[0] = res["seeds"] < 2
-    hdr = ["policy", "ETTR", "crashes", "drains", "lost GPU-h", "cost $", "node MTTR h", "spares used", "retired"]
+    hdr = ["policy", "ETTR", "crashes", "drains", "lost GPU-h", "cost $", "node MTTR h", "swap-ins", "peak out",
+           "P(no spare)", "retired"]
     rows = []
     for name, p in res["policies"].items():
         rows.append([name, _fmt(p["ettr"], pct=True), _fmt(p["crashes"]), _fmt(p["proactive_drains"]),
-                     _fmt(p["lost_gpu_hours"], 0),
-                     _fmt(p["cost_usd"], 0), _fmt(p["mttr_hours"]), _fmt(p["spares_used"]), _fmt(p["nodes_retired"])])
+                     _fmt(p["lost_gpu_hours"], 0), _fmt(p["cost_usd"], 0), _fmt(p["mttr_hours"]),
+                     _fmt(p["spare_swap_ins"]), _fmt(p["peak_spare_demand"]), _fmt(p["pool_ran_empty"], 2),
+                     _fmt(p["nodes_retired"])])
     w = [max(len(str(r[i])) for r in rows + [hdr]) for i in range(len(hdr))]
 
     def line(r):
@@ -62,7 +64,54 @@ def table(res: dict) -> str:
         out.append(f"best: {best[0]}" + (f" (tied within the 95 % CI with {', '.join(tied)})" if tied else "") +
                    f" — saves {saved:,.0f} GPU-hours (${saved * res['price_per_gpu_hour']:,.0f}) against {worst[0]}")
     out.append("crashes: job interruptions by a fault; drains: nodes taken out at a checkpoint on a warning")
+    out.append(LEGEND_SPARES)
+    out.append("cost $: lost GPU-hours x the GPU-hour price, plus the spare nodes' GPU-hours x spare_cost_per_gpu_hour")
+    out.append("")
+    out += [f"{name}: {text}" for name, text in explain(res)]
     return "\n".join(out)
+
+
+LEGEND_SPARES = ("swap-ins: times a spare node took a failed node's place in a job (one node can be swapped in many "
+                 "times); peak out: most nodes out of service at once, the spare capacity that would have covered "
+                 "every failure; P(no spare): share of seeds in which a job found the spare pool empty and waited")
+
+
+def _pts(ci: dict, scale: float = 100.0, unit: str = " pts", digits: int = 1) -> str:
+    m, (lo, hi) = ci["mean"] * scale, (ci["ci95"][0] * scale, ci["ci95"][1] * scale)
+    return f"{m:+,.{digits}f}{unit} (95 % CI {lo:+,.{digits}f} to {hi:+,.{digits}f})"
+
+
+def explain(res: dict) -> list:
+    """Each policy's result by cause, in words an operator reads: where its time goes, and, paired seed by seed,
+    what it wins or loses against the best policy (the best against the runner-up) and through which causes."""
+    from .runner import paired
+
+    pol = res["policies"]
+    ranked = sorted(pol, key=lambda n: -pol[n]["ettr"]["mean"])
+    out = []
+    for name, p in pol.items():
+        gpu_h = sum(p["lost_gpu_hours_by_cause"][c]["mean"] for c in CAUSES)
+        causes = sorted(CAUSES, key=lambda c: -p["lost_gpu_hours_by_cause"][c]["mean"])
+        share = [(c, p["lost_gpu_hours_by_cause"][c]["mean"] / gpu_h) for c in causes[:3]
+                 if gpu_h > 0 and p["lost_gpu_hours_by_cause"][c]["mean"] > 0]
+        text = (f"trains {p['ettr']['mean'] * 100:.1f} % of the time over {p['wall_h']['mean']:,.0f} h; of the "
+                "GPU-hours lost, " + (", ".join(f"{x * 100:.0f} % {CAUSE_LABEL[c]}" for c, x in share) or "none") + ".")
+        other = ranked[1] if name == ranked[0] else ranked[0]
+        if len(ranked) > 1 and name in res.get("per_seed", {}):
+            d = paired({other: res["per_seed"][other], name: res["per_seed"][name]})["policies"][name]
+            win = d["ettr"]["mean"] >= 0
+            sig = d["ettr"]["ci95"][0] > 0 or d["ettr"]["ci95"][1] < 0
+            # the causes that moved most in the direction of the result
+            moved = sorted((c for c in CAUSES if (d[f"lost:{c}"]["mean"] < 0) == win and d[f"lost:{c}"]["mean"]),
+                           key=lambda c: -abs(d[f"lost:{c}"]["mean"]))[:2]
+            why = " and ".join(f"{CAUSE_LABEL[c]} ({d[f'lost:{c}']['mean']:+,.0f} GPU-h)" for c in moved)
+            text += (f" Against {other}, seed by seed: ETTR {_pts(d['ettr'])}, "
+                     f"cost {_pts(d['cost_usd'], 1.0, ' USD', 0)}"
+                     f": it {'wins' if win else 'loses'}"
+                     + ("" if sig else " (not significant over these seeds: run more seeds)")
+                     + (f", mostly through {why}." if why else "."))
+        out.append((name, text))
+    return out
 
 
 def public_json(res: dict) -> dict:
@@ -71,12 +120,14 @@ def public_json(res: dict) -> dict:
     for name, p in res["policies"].items():
         pols[name] = {k: p[k] for k in ("ettr", "interruptions", "crashes", "interruptions_by_class",
                                         "planned_interruptions_by_class", "lost_gpu_hours",
-                                        "lost_gpu_hours_by_cause", "mttr_hours", "cost_usd", "spares_used",
+                                        "lost_gpu_hours_by_cause", "mttr_hours", "cost_usd", "lost_cost_usd",
+                                        "spare_cost_usd", "spare_swap_ins", "peak_spare_demand", "pool_ran_empty",
                                         "nodes_retired", "proactive_drains", "repair_actions")}
         pols[name]["label"] = p["label"]
         pols[name]["knobs"] = p["knobs"]
     return {"scenario": res["scenario"], "gpus": res["gpus"], "seeds": res["seeds"],
-            "price_per_gpu_hour": res["price_per_gpu_hour"], "wall_s": res["wall_s"], "policies": pols}
+            "price_per_gpu_hour": res["price_per_gpu_hour"], "wall_s": res["wall_s"], "policies": pols,
+            "paired": res.get("paired", {})}
 
 
 def write_json(res: dict, target: str) -> None:
@@ -92,13 +143,15 @@ def write_csv(res: dict, out: Path) -> Path:
     w = csv.writer(buf)
     classes = sorted({c for p in res["policies"].values() for c in p["interruptions_by_class"]})
     w.writerow(["policy", "seed", "ettr", "interruptions", "lost_gpu_hours"] + [f"lost_{c}" for c in CAUSES] +
-               ["mttr_hours", "cost_usd", "spares_used", "nodes_retired", "proactive_drains"] +
+               ["mttr_hours", "cost_usd", "spare_cost_usd", "spare_swap_ins", "peak_spare_demand", "pool_ran_empty",
+                "nodes_retired", "proactive_drains"] +
                [f"int_{c}" for c in classes])
     for name, rows in res["per_seed"].items():
         for r in rows:
             w.writerow([name, r["seed"], f"{r['ettr']:.5f}", r["interruptions"], f"{r['lost_gpu_hours']:.1f}"] +
                        [f"{r['lost_gpu_hours_by_cause'][c]:.1f}" for c in CAUSES] +
-                       [f"{r['mttr_hours']:.2f}", f"{r['cost_usd']:.0f}", r["spares_used"], r["nodes_retired"],
+                       [f"{r['mttr_hours']:.2f}", f"{r['cost_usd']:.0f}", f"{r['spare_cost_usd']:.0f}",
+                        r["spare_swap_ins"], r["peak_spare_demand"], r["pool_ran_empty"], r["nodes_retired"],
                         r["proactive_drains"]] + [r["interruptions_by_class"].get(c, 0) for c in classes])
     p = out / "results.csv"
     _atomic_write(p, buf.getvalue().encode())
@@ -225,7 +278,8 @@ def write_html(res: dict, out: Path, pngs: list[Path], table_text: str) -> Path:
             f"<tr{' class=best' if name == best[0] else ''}><td><b>{e(name)}</b><br><small>{e(p['label'])}</small></td>"
             f"<td>{_fmt(p['ettr'], pct=True)}</td><td>{_fmt(p['crashes'])}</td><td>{_fmt(p['proactive_drains'])}</td>"
             f"<td>{lost:,.0f}</td><td>${p['cost_usd']['mean']:,.0f}</td><td>{e(CAUSE_LABEL[top])}</td>"
-            f"<td>{_fmt(p['mttr_hours'])}</td><td>{_fmt(p['spares_used'])}</td></tr>")
+            f"<td>{_fmt(p['mttr_hours'])}</td><td>{_fmt(p['spare_swap_ins'])}</td>"
+            f"<td>{_fmt(p['peak_spare_demand'])}</td><td>{_fmt(p['pool_ran_empty'], 2)}</td></tr>")
     knobs = "".join(
         f"<tr><td>{e(n)}</td><td>{e(p['knobs']['detection'])}</td><td>{e(p['knobs']['repair'])}</td>"
         f"<td>{e(p['knobs']['spares'])}</td><td>{e(p['knobs']['identify'])}</td></tr>" for n, p in pol.items())
@@ -245,12 +299,15 @@ GPU-hour price ${price:g}. Every number is a mean over seeds; ± is the half-wid
 saves <b>{saved:,.0f} GPU-hours (${saved * price:,.0f})</b> against <b>{e(worst[0])}</b>
 ({worst[1]['ettr']['mean'] * 100:.1f} %).{tie}</p>
 <table><tr><th>policy</th><th>ETTR</th><th>job crashes</th><th>proactive drains</th><th>lost GPU-hours</th>
-<th>cost of lost time</th><th>largest loss</th><th>node MTTR (h)</th><th>spares used</th></tr>{''.join(rows)}</table>
+<th>cost (lost time + spares)</th><th>largest loss</th><th>node MTTR (h)</th><th>spare swap-ins</th>
+<th>peak nodes out</th><th>P(no spare)</th></tr>{''.join(rows)}</table>
 <p><small>ETTR = useful training time / wall time of the job. Lost GPU-hours = job GPUs x hours not spent on useful work
 (work redone after a failure, detection and finding the bad node, restart, waiting for a replacement node, checkpoint
 stalls, slow nodes). Job crashes = interruptions by a fault. Proactive drains = nodes the passive checks took out on a
 warning (a precursor, or a slow GPU) at a checkpoint: the job restarts without losing work. Node MTTR = time from a
-node's fault until it is back in service.</small></p>
+node's fault until it is back in service. {e(LEGEND_SPARES)}.</small></p>
+<h2>Why each policy ends where it does</h2>
+<ul>{"".join(f"<li><b>{e(n)}</b>: {e(t)}</li>" for n, t in explain(res))}</ul>
 {imgs}
 <h2>What the policies are</h2>
 <table><tr><th>policy</th><th>detection</th><th>repair</th><th>spares</th><th>bad node found by</th></tr>{knobs}</table>

@@ -41,6 +41,11 @@ def run_one(sc: dict, policy: dict, seed: int, brain=None, horizon_h: float | No
     lost_total = sum(lost.values())
     mttr = st["mttr"]
     job_wall = sum(j["wall_h"] for j in jobs)
+    # spare capacity: the nodes kept beyond what the jobs need, paid for over the whole run
+    spare_nodes = sc["cluster"]["nodes"] - sum(js["nodes"] for js in sc["jobs"])
+    spare_gpu_h = spare_nodes * sc["cluster"]["gpus_per_node"] * max((j["wall_h"] for j in jobs), default=0.0)
+    lost_cost = lost_total * sc["price_per_gpu_hour"]
+    spare_cost = spare_gpu_h * sc["spare_cost_per_gpu_hour"]
     return {
         "seed": seed,
         "ettr": work_gpu_h / wall_gpu_h if wall_gpu_h else 0.0,
@@ -51,12 +56,18 @@ def run_one(sc: dict, policy: dict, seed: int, brain=None, horizon_h: float | No
         "lost_gpu_hours": lost_total,
         "lost_gpu_hours_by_cause": lost,
         "mttr_hours": (sum(mttr) / len(mttr)) if mttr else 0.0,
-        "spares_used": st["spares_used"],
+        "spare_swap_ins": st["spares_used"],
+        "peak_spare_demand": st["peak_out"],
+        "pool_ran_empty": 1 if st["pool_empty"] else 0,
+        "spare_nodes": spare_nodes,
+        "spare_gpu_hours": spare_gpu_h,
         "nodes_retired": st["retired"],
         "proactive_drains": st["proactive_drains"],
         "repairs": st["repairs"],
         "repair_actions": dict(st["repair_actions"]),
-        "cost_usd": lost_total * sc["price_per_gpu_hour"],
+        "lost_cost_usd": lost_cost,
+        "spare_cost_usd": spare_cost,
+        "cost_usd": lost_cost + spare_cost,
         "job_mttf_hours": (job_wall / inter) if inter else float("inf"),
         "wall_h": job_wall / max(1, len(jobs)),
         "useful_gpu_hours": work_gpu_h,
@@ -67,8 +78,9 @@ def run_one(sc: dict, policy: dict, seed: int, brain=None, horizon_h: float | No
 
 def aggregate(per_seed: list[dict], classes: list[str]) -> dict:
     out: dict = {}
-    for k in ("ettr", "interruptions", "crashes", "lost_gpu_hours", "mttr_hours", "cost_usd", "spares_used",
-              "nodes_retired", "proactive_drains", "job_mttf_hours", "wall_h", "repairs"):
+    for k in ("ettr", "interruptions", "crashes", "lost_gpu_hours", "mttr_hours", "cost_usd", "lost_cost_usd",
+              "spare_cost_usd", "spare_swap_ins", "peak_spare_demand", "pool_ran_empty", "nodes_retired",
+              "proactive_drains", "job_mttf_hours", "wall_h", "repairs"):
         out[k] = mean_ci([float(r[k]) for r in per_seed])
     out["interruptions_by_class"] = {c: mean_ci([float(r["interruptions_by_class"].get(c, 0)) for r in per_seed])
                                      for c in classes}
@@ -114,5 +126,34 @@ def run_scenario(sc: dict, policies: list | None = None, seeds: int | None = Non
         agg["knobs"] = {k: p[k] for k in ("detection", "repair", "spares", "identify")}
         out["policies"][p["name"]] = agg
         out["per_seed"][p["name"]] = rows
+    out["paired"] = paired(out["per_seed"])
     out["wall_s"] = time.perf_counter() - t0
+    return out
+
+
+PAIRED = ("ettr", "lost_gpu_hours", "cost_usd") + tuple(f"lost:{c}" for c in CAUSES)
+
+
+def paired(per_seed: dict, baseline: str | None = None, keys: tuple = PAIRED) -> dict:
+    """Each policy against the baseline (the first policy), seed by seed.
+
+    Every policy meets the same faults at the same times for a given seed (common random numbers), so the
+    difference of two policies is measured per seed and its confidence interval is that of the mean difference,
+    much narrower than the overlap of two unpaired intervals would suggest.
+    """
+    names = list(per_seed)
+    if not names:
+        return {}
+    base = baseline or names[0]
+
+    def val(r, k):
+        return r["lost_gpu_hours_by_cause"][k[5:]] if k.startswith("lost:") else r[k]
+
+    out = {"baseline": base, "policies": {}}
+    b = {r["seed"]: r for r in per_seed[base]}
+    for name in names:
+        if name == base:
+            continue
+        rows = [(r, b[r["seed"]]) for r in per_seed[name] if r["seed"] in b]
+        out["policies"][name] = {k: mean_ci([float(val(r, k) - val(q, k)) for r, q in rows]) for k in keys}
     return out

@@ -116,14 +116,17 @@ def validate(raw: Any, source: str = "scenario") -> dict:
     """Validate a scenario mapping; return the normalised scenario. Raise SpecError naming the field."""
     if not isinstance(raw, dict):
         raise SpecError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
-    top = {"name", "description", "horizon_days", "seeds", "price_per_gpu_hour", "cluster", "jobs", "faults",
-           "lemons", "repair", "policies", "health_config", "repair_config", "sweep"}
+    top = {"name", "description", "horizon_days", "seeds", "price_per_gpu_hour", "spare_cost_per_gpu_hour", "cluster",
+           "jobs", "faults", "lemons", "repair", "policies", "health_config", "repair_config", "sweep"}
     _unknown(raw, top, source)
     sc: dict = {"name": _get(raw, "name", source, str, "scenario"),
                 "description": _get(raw, "description", source, str, "")}
     sc["horizon_days"] = _get(raw, "horizon_days", source, float, None, _pos) if raw.get("horizon_days") else None
     sc["seeds"] = _get(raw, "seeds", source, int, 10, lambda v: None if v >= 1 else "an integer >= 1")
     sc["price_per_gpu_hour"] = _get(raw, "price_per_gpu_hour", source, float, 3.0, _nonneg)
+    # what an idle spare GPU-hour costs (owned or rented, it is paid for): by default the same price
+    sc["spare_cost_per_gpu_hour"] = _get(raw, "spare_cost_per_gpu_hour", source, float, sc["price_per_gpu_hour"],
+                                         _nonneg)
 
     c = _get(raw, "cluster", source, dict)
     cp = f"{source}.cluster"

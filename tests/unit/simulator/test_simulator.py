@@ -259,3 +259,51 @@ def test_sweep_bad_param_is_one_clear_line(param, message):
                        check=False, timeout=120)
     assert r.returncode == 2 and r.stderr.startswith(f"gpufleet-sim: {message}"), r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_spares_are_costed_and_counted():
+    """Spare nodes cost their GPU-hours over the run; peak demand and an empty pool are reported per seed."""
+    sc = scn.load(val.SCENARIOS / "default-1k.yaml")
+    r = run_one(sc, resolve("passive+auto-repair+hot-spares"), 1)
+    spare_nodes = sc["cluster"]["nodes"] - sum(j["nodes"] for j in sc["jobs"])
+    assert r["spare_nodes"] == spare_nodes == 9
+    assert r["spare_cost_usd"] == pytest.approx(9 * 8 * r["wall_h"] * sc["spare_cost_per_gpu_hour"])
+    assert r["cost_usd"] == pytest.approx(r["lost_gpu_hours"] * sc["price_per_gpu_hour"] + r["spare_cost_usd"])
+    assert r["peak_spare_demand"] >= 1 and r["pool_ran_empty"] in (0, 1)
+    # with spares to spare the pool never runs dry; with none it always does
+    many = run_one(scn.validate(scn.override(sc["raw"], {"cluster.nodes": 116 + 60})), resolve("reactive-auto"), 1)
+    none = run_one(scn.validate(scn.override(sc["raw"], {"cluster.nodes": 116})), resolve("reactive-auto"), 1)
+    assert many["pool_ran_empty"] == 0 and none["pool_ran_empty"] == 1
+    free = scn.validate(scn.override(sc["raw"], {"spare_cost_per_gpu_hour": 0}))
+    assert run_one(free, resolve("reactive-auto"), 1)["spare_cost_usd"] == 0
+
+
+def test_paired_comparison_and_explanation():
+    """Policies meet the same faults per seed, so their difference is measured per seed; the report says in words
+    why each policy ends where it does."""
+    from gpufleet_sim.report import explain, public_json
+
+    sc = scn.load(val.SCENARIOS / "default-1k.yaml")
+    res = run_scenario(sc, ["reactive-manual", "passive+auto-repair+hot-spares"], seeds=3)
+    d = res["paired"]["policies"]["passive+auto-repair+hot-spares"]
+    a = [r["ettr"] for r in res["per_seed"]["passive+auto-repair+hot-spares"]]
+    b = [r["ettr"] for r in res["per_seed"]["reactive-manual"]]
+    assert d["ettr"]["mean"] == pytest.approx(sum(x - y for x, y in zip(a, b)) / 3)
+    assert res["paired"]["baseline"] == "reactive-manual" and public_json(res)["paired"] == res["paired"]
+    text = dict(explain(res))
+    assert "Against passive+auto-repair+hot-spares, seed by seed" in text["reactive-manual"]
+    assert "it loses" in text["reactive-manual"] and "detection + finding the node" in text["reactive-manual"]
+    assert "it wins" in text["passive+auto-repair+hot-spares"]
+
+
+def test_spares_command_finds_the_cheapest(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "gpufleet_sim.cli", "spares", str(val.SCENARIOS / "default-1k.yaml"),
+                        "--seeds", "2", "--spares", "0,9", "--policy", "reactive-auto", "--jobs", "1",
+                        "--json", "-"], capture_output=True, text=True, check=False, timeout=300)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["best"]["policy"] == "reactive-auto" and j["best"]["spares"] == 9  # no spares: the job waits for repairs
+    assert j["runner_up"]["spares"] == 0 and j["runner_up"]["extra_cost_usd_paired"]["ci95"][0] > 0
+    bad = subprocess.run([sys.executable, "-m", "gpufleet_sim.cli", "spares", str(val.SCENARIOS / "default-1k.yaml"),
+                          "--spares", "2,x"], capture_output=True, text=True, check=False, timeout=60)
+    assert bad.returncode == 2 and "--spares: expected comma-separated whole numbers" in bad.stderr
