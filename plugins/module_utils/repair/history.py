@@ -16,6 +16,11 @@ Serialised as one line of JSON with short keys, integer epoch seconds and one-le
   and escalation.
 - ``p``: past incidents, ``<class code><first seen>`` comma-separated, for lemon detection.
 - ``cd``: no new repair before this time (cooldown after a repair).
+- ``nt``: a note on how the last incident ended when it did not end by a repair (an operator took the node
+  over); dropped when the next incident opens.
+
+A text that starts like ours (``{"gf":`` or ``{"cd":``) but does not parse is ours and damaged (a truncated
+write): loads_ours() raises HistoryError for it ("history unreadable"), never calls it somebody else's.
 
 Lists are pruned to the longest configured window and capped, so the text stays short (docs/repair.md
 gives measured sizes). Everything a decision depends on is in here, so a decision is reproducible from
@@ -34,6 +39,7 @@ VERSION = 1
 MAX_REPAIRS = 8
 MAX_PAST = 8
 MAX_CODE = 32
+MAX_NOTE = 120
 OUTCOMES = {"o": "ok", "f": "failed", "t": "timeout"}
 OUTCOME_CODES = {v: k for k, v in OUTCOMES.items()}
 
@@ -77,6 +83,7 @@ class History:
     repairs: List[Tuple[int, str]] = field(default_factory=list)
     past: List[Tuple[int, str]] = field(default_factory=list)
     cooldown_until: Optional[int] = None
+    note: Optional[str] = None
 
     # -- queries --------------------------------------------------------------------------------
     def repairs_since(self, since: float) -> List[Tuple[int, str]]:
@@ -91,6 +98,7 @@ class History:
     # -- changes (all return nothing; callers copy first) -----------------------------------------
     def open(self, failure_class: str, code: str, gpu: Optional[int], first_seen: float) -> Incident:
         self.seq += 1
+        self.note = None
         self.incident = Incident(
             id=self.seq, failure_class=failure_class, code=code, gpu=gpu, first_seen=int(first_seen)
         )
@@ -131,6 +139,15 @@ class History:
         self.past.append((inc.first_seen, inc.failure_class))
         self.incident = None
 
+    def abandon(self, now: float, why: str) -> None:
+        """Close the open incident without a repair (someone else owns the node now), with a note saying so."""
+        inc = self.incident
+        if inc is None:
+            return
+        self.past.append((inc.first_seen, inc.failure_class))
+        self.incident = None
+        self.note = f"{int(now)} incident {inc.id} closed: {why}"[:MAX_NOTE]
+
     def prune(self, now: float, keep_s: float, cap: int = 0) -> None:
         """Forget entries older than ``keep_s`` and keep at most max(cap, MAX_*) of each list."""
         cut = now - keep_s
@@ -154,7 +171,7 @@ class History:
                 spare=inc.spare or None,
                 hooks=list(inc.hooks),
             )
-        return History(self.seq, inc, list(self.repairs), list(self.past), self.cooldown_until)
+        return History(self.seq, inc, list(self.repairs), list(self.past), self.cooldown_until, self.note)
 
 
 def dumps(h: History) -> str:
@@ -179,6 +196,8 @@ def dumps(h: History) -> str:
             i += ',"sp":' + _json_str_memo(inc.spare)
         out += ',"i":{' + i + f',"t":{int(inc.first_seen)}}}'
     out += f',"n":{int(h.seq)}'
+    if h.note:
+        out += ',"nt":' + _json_str(h.note[:MAX_NOTE])
     if h.past:
         out += ',"p":"' + ",".join([f"{CLASS_CODE[c]}{int(t)}" for t, c in h.past]) + '"'
     if h.repairs:
@@ -213,7 +232,7 @@ def is_ours(text: Optional[str]) -> bool:
         return True
     try:
         d = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return isinstance(d, dict) and "gf" in d
 
@@ -248,21 +267,28 @@ def loads(text: Optional[str]) -> History:
         return History()
     try:
         d = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise HistoryError(f"history: not JSON ({exc}); the field holds something that is not ours")
     if not isinstance(d, dict) or "gf" not in d:
         raise HistoryError("history: no 'gf' key; the field holds something that is not ours")
     return _from_obj(d)
 
 
+def looks_ours(text: Optional[str]) -> bool:
+    """True when ``text`` starts the way every stored history starts (``{"gf":`` or ``{"cd":``), parsable or not."""
+    return str(text or "").lstrip().startswith(('{"gf":', '{"cd":'))
+
+
 def loads_ours(text: Optional[str]) -> Optional[History]:
     """loads() for a field that may hold somebody else's text: None when it is not ours (is_ours() false),
-    the parsed History when it is; HistoryError when it is ours but malformed. One JSON parse, not two."""
+    the parsed History when it is; HistoryError when it is ours but malformed or truncated. One JSON parse."""
     if text is None or not str(text).strip():
         return History()
     try:
         d = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError) as exc:
+        if looks_ours(text):
+            raise HistoryError(f"history: damaged or truncated ({exc})")
         return None
     if not isinstance(d, dict) or "gf" not in d:
         return None
@@ -295,6 +321,10 @@ def _from_obj(d: dict) -> History:
         h.past = [(_num(e[2:], "p"), CODE_CLASS[e[:2]]) for e in _entries(d.get("p"), "p")]
         if d.get("cd") is not None:
             h.cooldown_until = _int(d["cd"], "cd")
+        if d.get("nt") is not None:
+            if not isinstance(d["nt"], str):
+                raise HistoryError("history nt: expected a note string")
+            h.note = d["nt"][:MAX_NOTE]
     except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
         raise HistoryError(f"history: malformed ({type(exc).__name__}: {exc})")
     return h

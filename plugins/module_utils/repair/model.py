@@ -92,6 +92,8 @@ class Decision:
     execute it in this run. ``history`` is the node's compact history to store if the action is
     not executed (bookkeeping: first seen, outcomes); ``history_after`` the one to store just
     before executing it. ``history`` is None when the field must not be written (not ours).
+    ``slurm_reason`` is the reason to show in Slurm on a held node that we keep out of service (why it waits and
+    what a person does about it); None leaves the reason as it is.
     """
 
     node: str
@@ -112,6 +114,7 @@ class Decision:
     history: Optional[str] = None
     history_after: Optional[str] = None
     rule: str = ""
+    slurm_reason: Optional[str] = None
 
     @property
     def approval_key(self) -> Tuple[str, str, str]:

@@ -6,7 +6,9 @@ The fleet comes in as counts (per partition and per failure domain) and only the
 attention come in as records, so the cost of a plan grows with the number of sick nodes, never with
 the size of the fleet. Rules, in the order they apply to one node (docs/repair.md has the table):
 
-1. history field not ours -> hold; drained or down by someone else -> hold (never touched).
+1. history field not ours -> hold; out of service with a reason that is not ours -> hold, never touched,
+   whatever our history says; our open incident on it is closed with a note (owner.py). A history of ours that
+   cannot be read, or a health report that cannot be used -> hold that node only, naming the problem.
 2. a step in progress -> wait, until a fresh report verifies it (ok -> resume) or it times out.
 3. healthy -> resume when drained by us (closes the incident, starts the cooldown).
 4. escalated -> hold until a person takes the node back.
@@ -44,6 +46,7 @@ from .model import (
     RepairError,
     SpareMove,
 )
+from .owner import foreign_reason
 
 _BUSY_STATES = {"ALLOCATED", "ALLOC", "MIXED", "MIX", "COMPLETING", "COMP"}
 _REBOOT_FLAGS = {"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"}
@@ -51,6 +54,7 @@ _OUT_FLAGS = {"DRAIN", "FAIL"}
 # Steps done by someone else (a hook): a sick report meanwhile does not fail them; they end healthy or time out.
 _LONG_STEPS = ("reimage", "replace")
 _EMPTY_HISTORY = dumps(History())
+_BREAKER_HELD = "circuit breaker tripped, a person checks the fleet and resets it"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -139,6 +143,7 @@ class Node:
     reason_time: Optional[float]
     history_text: Optional[str]
     boot_time: Optional[float] = None
+    report_error: Optional[str] = None
 
     @classmethod
     def parse(cls, d: Any, i: int) -> Node:
@@ -189,6 +194,7 @@ class Node:
             reason_time=_opt_time(d.get("reason_time"), where + ".reason_time"),
             history_text=dumps(hist) if isinstance(hist, History) else hist,
             boot_time=_opt_time(d.get("boot_time"), where + ".boot_time"),
+            report_error=str(d["report_error"])[:300] if d.get("report_error") else None,
         )
 
     # state helpers
@@ -461,14 +467,23 @@ def plan(
     keep, cap = retention(config)
 
     # Parse histories and reports up front (errors name the node).
+    # A node whose history or report cannot be used is held by itself (problems[name]); the others plan as usual.
     prepared = []
+    problems: Dict[str, Tuple[str, str]] = {}
     for n in nodes:
         where = f"attention[{n.name}].report"
-        verdict, action, code, gpu = check_report(n.report, where)
+        try:
+            if n.report_error:
+                raise RepairError(f"{where}: unreadable: {n.report_error}")
+            verdict, action, code, gpu = check_report(n.report, where)
+        except RepairError as exc:
+            problems[n.name] = ("bad_report", f"health report unusable ({exc})")
+            verdict, action, code, gpu = "unknown", "none", "", None
         try:
             hist = loads_ours(n.history_text)
         except HistoryError as exc:
-            raise RepairError(f"attention[{n.name}].history: {exc}")
+            problems[n.name] = ("history_unreadable", f"repair history unreadable ({exc})")
+            hist = None
         if hist is None:
             prepared.append((n, None, verdict, action, code, gpu, now))
             continue
@@ -483,7 +498,9 @@ def plan(
         if brk.reset_at is not None:
             since = max(since, brk.reset_at)
         failing = sorted(
-            n.name for n, h, verdict, _a, _c, _g, t0 in prepared if verdict in ("unhealthy", "unknown") and t0 >= since
+            n.name
+            for n, h, verdict, _a, _c, _g, t0 in prepared
+            if verdict in ("unhealthy", "unknown") and t0 >= since and n.name not in problems
         )
         threshold = breaker_threshold(config, fl.total)
         if len(failing) >= threshold:
@@ -498,21 +515,74 @@ def plan(
         notes.append(f"circuit breaker tripped: {brk.reason}; all automation holds until a person resets it")
 
     # Nodes already under repair count against the concurrency limits before anything new starts.
+    # A node someone else took over is not under repair by us any more.
     for n, hist, *_rest in prepared:
-        if hist is not None and hist.incident is not None and hist.incident.pending() is not None:
+        if (
+            hist is not None
+            and hist.incident is not None
+            and hist.incident.pending() is not None
+            and not _foreign(n, config)
+        ):
             ctx.take_active(n, started_now=False)
 
     order = sorted(prepared, key=lambda p: (p[6], p[0].name))
     decisions: List[Decision] = []
     empty = _EMPTY_HISTORY
     for n, hist, verdict, action, code, gpu, t0 in order:
-        d = _decide(n, hist, verdict, action, code, gpu, t0, config, ctx, brk, approved, now)
+        if n.name in problems:
+            d = _problem(n, problems[n.name], config, now)
+        else:
+            d = _decide(n, hist, verdict, action, code, gpu, t0, config, ctx, brk, approved, now)
         if d.history == empty and not (n.history_text or "").strip():
             d.history = None  # nothing to record: leave the field as it is
         decisions.append(d)
     used = {d.approval_key for d in decisions if d.approved}
     unused = sorted(approved - used)
     return Plan(decisions, breaker=brk, notes=notes, unused_approvals=unused)
+
+
+def _foreign(n: Node, config: RepairConfig) -> Optional[str]:
+    """The ownership rule (owner.py) for a node record: why the node is not ours, or None."""
+    return foreign_reason(n.base, n.flags, n.reason, config.reason_prefix)
+
+
+def _held_reason(n: Node, config: RepairConfig, code: Optional[str], why: str) -> Optional[str]:
+    """The Slurm reason that tells an operator why a node we keep out of service waits (None: leave it)."""
+    if not n.out_of_service or _foreign(n, config):
+        return None
+    text = "{} held{}: {}".format(config.reason_prefix, f" ({code})" if code else "", why)
+    return text[:250]
+
+
+def _problem(n: Node, problem: Tuple[str, str], config: RepairConfig, now: float) -> Decision:
+    """A node whose history or report cannot be used: hold it (never touched), say why; the others plan as usual."""
+    rule, why = problem
+    foreign = _foreign(n, config)
+    if foreign:
+        why = f"{foreign}; never touched; also: {why}"
+        rule = "not_ours"
+        short = None
+    elif rule == "history_unreadable":
+        why += (
+            "; the node stays as it is until a person clears the history field "
+            f"(scontrol update NodeName={n.name} Extra= , or Comment= when the history lives there); "
+            "the next run starts a fresh history"
+        )
+        short = f"repair history unreadable, clear it: scontrol update NodeName={n.name} Extra="
+    else:
+        why += "; the node stays as it is until the health check writes a usable report"
+        short = "health report unusable, see the repair plan"
+    d = Decision(
+        node=n.name,
+        action="hold",
+        reason=why,
+        earliest=float(now),
+        partition=n.partitions[0] if n.partitions else None,
+        rule=rule,
+    )
+    if short:
+        d.slurm_reason = _held_reason(n, config, None, short)
+    return d
 
 
 def _decide(
@@ -550,19 +620,21 @@ def _decide(
     # the history as it came in, written out only where a decision returns it unchanged (below: before a pending
     # step's outcome changes it; elsewhere at the return, nothing having changed it yet)
     before = None
-    ours = n.out_reason.startswith(config.reason_prefix)
     inc = hist.incident
     pending = inc.pending() if inc is not None else None
 
-    # 1. somebody else's node
-    if n.out_of_service and not ours and not (pending is not None and pending.action == "reboot"):
-        return mk(
-            "hold",
-            "out of service by someone else ({}{}); never touched".format(
-                n.reason or "no reason", " by " + n.reason_user if n.reason_user else ""
-            ),
-            "not_ours",
+    # 1. somebody else's node: never touched, whatever our history says (a pending step of ours included: Slurm
+    # keeps our prefix through its own reboot); our open incident on it is closed with a note
+    if _foreign(n, config):
+        who = "out of service by someone else ({}{})".format(
+            n.reason or "no reason", " by " + n.reason_user if n.reason_user else ""
         )
+        closed = None
+        if inc is not None:
+            hist.abandon(now, who[:90])
+            closed = dumps(hist)
+            who += f"; our incident {inc.id} closed" + (f" ({pending.action} pending)" if pending is not None else "")
+        return mk("hold", who + "; never touched", "not_ours", history=closed)
 
     actionable = verdict in ("unhealthy", "unknown") or (verdict == "degraded" and report_action in REPAIR_STEPS)
     if verdict == "unknown" and n.report is None and not n.out_of_service:
@@ -582,6 +654,7 @@ def _decide(
         # service counts: on 24.11 a resumed node keeps an old "reboot issued" reason
         hist.retract(pending)
         inc, pending = hist.incident, None
+        ctx.release(n)  # it counted as under repair; the node must not block its own next step
     if pending is not None:
         before = dumps(hist)
         timeout = config.step_timeout_s.get(pending.action, 1800.0)
@@ -658,6 +731,7 @@ def _decide(
                 "breaker",
                 history=dumps(hist),
                 failure_class=cls,
+                slurm_reason=_held_reason(n, config, None, _BREAKER_HELD),
                 **_inc_kw(inc),
             )
         d = mk(
@@ -713,7 +787,12 @@ def _decide(
         return mk("hold", f"escalated at {inc.escalated}; waiting for a person", "escalated", history=booked, **ikw)
     if brk.tripped:
         return mk(
-            "hold", f"circuit breaker tripped ({brk.reason}); a person must reset it", "breaker", history=booked, **ikw
+            "hold",
+            f"circuit breaker tripped ({brk.reason}); a person must reset it",
+            "breaker",
+            history=booked,
+            slurm_reason=_held_reason(n, config, code, _BREAKER_HELD),
+            **ikw,
         )
     if now < inc.first_seen + config.ttl_s:
         return mk(

@@ -1,0 +1,44 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Whose node is it: the one ownership rule every repair body and the policy apply.
+
+A node that is out of service (DOWN, or with the DRAIN or FAIL flag) belongs to whoever set its current reason.
+Ours start with the reason prefix (``gpufleet:``). A node whose current reason is not ours is never drained over,
+rebooted, reset, replaced or resumed by us, whatever our history says: the policy holds it and closes our open
+incident on it with a note; the bodies check again right before every step that leaves the controller.
+
+Slurm keeps our reason through its own reboot path (it appends `` : reboot issued`` and `` : reboot complete``,
+and a node that stops responding keeps the reason it had), so our prefix survives our own reboot. A node in
+service is nobody's: Slurm 24.11 keeps the last reason after a RESUME, so a reason on a node in service means
+nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+OUT_FLAGS = frozenset({"DRAIN", "FAIL"})
+
+
+def out_of_service(state: Optional[str], flags: Iterable[str] = ()) -> bool:
+    """DOWN, drained, draining or failed (``state`` as scontrol or sinfo spells it, any case, ``*`` ignored)."""
+    words = [w for w in str(state or "").upper().replace("*", "").split("+") if w]
+    base = words[0] if words else ""
+    fl = {str(f).upper() for f in flags} | set(words[1:])
+    return base in ("DOWN", "DRAINED", "DRAINING", "DRAIN", "FAIL", "FAILING") or bool(fl & OUT_FLAGS) or "DOWN" in fl
+
+
+def foreign_reason(state: Optional[str], flags: Iterable[str], reason: Optional[str], prefix: str) -> Optional[str]:
+    """None when we may act on the node; else why not (the node is out of service with a reason that is not ours).
+
+    ``prefix`` must be a non-empty string: with an empty prefix every reason would be ours.
+    """
+    if not isinstance(prefix, str) or not prefix.strip():
+        raise ValueError(f"reason_prefix: expected a non-empty string, got {prefix!r}")
+    if not out_of_service(state, flags):
+        return None
+    reason = str(reason or "")
+    if reason.startswith(prefix):
+        return None
+    shown = reason[:120] or "none"
+    return f"out of service by someone else (reason {shown!r} does not start with {prefix!r})"
