@@ -27,6 +27,8 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
 REASON_PREFIX = "gpufleet:"
 EXIT_USAGE = 64
+# Seconds past the second of our drain before we look again (clock skew between the nodes and slurmctld).
+DRAIN_SETTLE_S = 2.0
 PROM_FILE = metrics.PROM_FILE
 
 
@@ -66,6 +68,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--report-file", metavar="FILE", help="also write the JSON report there (atomically)")
     c.add_argument("--slurm", action="store_true", help="drain this node when unhealthy or when a finding asks "
                    "for a drain (never resumes)")
+    c.add_argument("--repair-config", metavar="FILE", help="with --slurm: drain through the repair policy's limits "
+                   "(blast_radius, breaker) read from FILE (JSON, or YAML), or its defaults with 'default'; a node "
+                   "that cannot run jobs is drained at once. Without it, --slurm drains whenever the report asks")
+    c.add_argument("--drain-settle", type=float, default=DRAIN_SETTLE_S, metavar="S", help=argparse.SUPPRESS)
     c.add_argument("--node", metavar="NAME", help="Slurm node name (default: $SLURMD_NODENAME or the hostname)")
     c.add_argument("--textfile", metavar="DIR", help="write Prometheus metrics for node_exporter's textfile dir")
     c.add_argument("--record", metavar="DIR", help="also save the snapshot and kernel log as a fixture")
@@ -154,38 +160,97 @@ def node_name(args=None) -> str:
     return os.environ.get("SLURMD_NODENAME") or _hostname()
 
 
-def slurm_act(report: Report, name: str, client=None) -> Dict[str, Any]:
+def slurm_act(report: Report, name: str, client=None, limits: Any = None, settle: float = DRAIN_SETTLE_S,
+              sleep=time.sleep, clock=time.time) -> Dict[str, Any]:
     """Drain our own node when unhealthy, or when a finding asks for a drain although no automatic repair applies
     (``report.drain``, e.g. a node-level power brake: verdict degraded, action monitor); never touch a node
-    drained/downed by someone else; never resume."""
+    drained/downed by someone else; never resume, except to take back our own warning drain of this very run.
+
+    ``limits`` (the repair policy config, a dict or RepairConfig; None = no limits) makes the drain go through
+    the repair policy's rule, ``repair.drain.drain_decision``: a node that cannot run jobs drains at once, a
+    warning only within the limits and the breaker. Agents on other nodes decide at the same time, so the drain
+    is made first and decided again once every earlier drain is visible (``settle`` s after the second of our
+    drain); a warning drain the rule then refuses is taken back (action ``yielded``)."""
     result: Dict[str, Any] = {"node": name, "action": "none", "reason": None}
     if not (report.verdict == "unhealthy" or report.drain):
         return result
     reason = report.drain_reason()[:200]
     result["reason"] = reason
     try:
+        from ..repair import RepairError
+        from ..repair.drain import drain_decision
         from ..slurm import SlurmClient, SlurmError
-    except ImportError as exc:  # pragma: no cover - the role always ships slurm.py
-        result.update(action="error", detail=f"Slurm adapter missing: {exc}")
+    except ImportError as exc:  # pragma: no cover - the role always ships slurm.py and repair/
+        result.update(action="error", detail=f"Slurm adapter or repair policy missing: {exc}")
         return result
     try:
         client = client or SlurmClient(backend="cli")
-        node = client.node(name)
-        flags = set(node.flags)
-        current = (node.reason or "").strip()
-        if "DRAIN" in flags or node.state in ("down", "error") or "FAIL" in flags:
-            if current.startswith(REASON_PREFIX):
-                result.update(action="already_drained", detail=f"already drained by us: {current}")
-            else:
-                result.update(action="left_alone", detail=f"drained/down by someone else: {current or node.state}")
+        if limits is None:
+            node = client.node(name)
+            flags = set(node.flags)
+            current = (node.reason or "").strip()
+            if "DRAIN" in flags or node.state in ("down", "error") or "FAIL" in flags:
+                if current.startswith(REASON_PREFIX):
+                    result.update(action="already_drained", detail=f"already drained by us: {current}")
+                else:
+                    result.update(action="left_alone", detail=f"drained/down by someone else: {current or node.state}")
+                return result
+            client.drain([name], reason)
+            result["action"] = "drained"
+            return result
+        first = drain_decision(report, name, client.nodes().values(), limits, clock(), reason=reason)
+        result.update(forced=first.forced, rule=first.rule, detail=first.detail)
+        if first.breaker:
+            result["breaker"] = first.breaker
+        if first.action != "drain":
+            result["action"] = "held" if first.action == "hold" else first.action
             return result
         client.drain([name], reason)
-        result["action"] = "drained"
-    except SlurmError as exc:
-        result.update(action="error", detail=str(exc))
-    except ValueError as exc:
+        drained_at = client.node(name).reason_time or int(clock())
+        wait = drained_at + 1 + settle - clock()
+        if wait > 0:
+            sleep(wait)
+        nodes = client.nodes()
+        again = drain_decision(report, name, nodes.values(), limits, clock(), drained_at=drained_at, reason=reason)
+        result.update(rule=again.rule, detail=again.detail)
+        if again.breaker:
+            result["breaker"] = again.breaker
+        if again.action == "drain":
+            result["action"] = "drained"
+        elif again.action == "hold":
+            me = nodes.get(name)
+            if me is not None and (me.reason or "").strip() == reason and me.reason_time == drained_at:
+                client.resume([name])
+                result["action"] = "yielded"
+            else:
+                result.update(action="left_alone", detail=f"changed by someone else meanwhile: {again.detail}")
+        else:
+            result["action"] = again.action
+    except (SlurmError, RepairError, ValueError) as exc:
         result.update(action="error", detail=str(exc))
     return result
+
+
+def _load_limits(path: Optional[str]) -> Any:
+    """--repair-config: None (no limits), the policy defaults ('default'), or the repair policy config file."""
+    if path is None:
+        return None
+    from ..repair import RepairConfig, RepairError
+    data = {} if path == "default" else _load_mapping(path, "--repair-config")
+    try:
+        return RepairConfig.from_dict(data)
+    except RepairError as exc:
+        raise UsageError(f"--repair-config {path}: {exc}")
+
+
+def _shout(message: str) -> None:
+    """A tripped breaker: stderr (slurmd's or the timer's log) and syslog, besides the report."""
+    sys.stderr.write(f"gpufleet-health: {message}\n")
+    try:
+        import syslog
+        syslog.syslog(syslog.LOG_WARNING, f"gpufleet-health: {message}")
+    except (ImportError, OSError):  # pragma: no cover - no syslog on this platform
+        pass
 
 
 # ------------------------------------------------------------------ record
@@ -258,6 +323,7 @@ def check(args) -> int:
     elif args.kmsg and args.kmsg != "-":
         cfg.setdefault("events_as_of", "latest")
     cfg.pop("state_path", None)  # the agent owns the state file (it adds the kmsg cursor)
+    limits = _load_limits(args.repair_config) if args.slurm else None
     state: Dict[str, Any] = load_state(args.state_file) if args.state_file else {}
     snap = _snapshot(args)
     if snap.hostname is None:
@@ -278,9 +344,12 @@ def check(args) -> int:
         except OSError as exc:
             notes.append(f"state not saved: {args.state_file}: {exc.strerror or exc}")
     name = node_name(args)
-    slurm = slurm_act(report, name) if args.slurm else None
+    slurm = slurm_act(report, name, limits=limits, settle=args.drain_settle) if args.slurm else None
     if slurm and slurm["action"] == "error":
         notes.append(f"slurm: {slurm.get('detail')}")
+    if slurm and slurm.get("breaker"):
+        notes.append(slurm["breaker"])
+        _shout(f"{name}: {slurm['breaker']} ({slurm['action']}: {slurm.get('reason')})")
     if args.record:
         kernel_text = lines if isinstance(lines, str) else "\n".join(getattr(e, "raw", str(e)) for e in lines)
         notes.append(f"recorded to {record(args.record, snap, kernel_text, report, args.deadline)}")
