@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -21,8 +22,10 @@ def file_logger(path: Optional[str], prefix: str = "gpufleet-oidc") -> Logger:
     """Append one line per event to ``path`` (0600). Never log tokens, only reasons.
 
     The PAM module runs as root inside sshd: the file is opened with O_NOFOLLOW, so a symlink planted at ``path``
-    is refused (the line is dropped) instead of appending to whatever it points at; O_CLOEXEC keeps the descriptor
-    out of any process sshd starts.
+    is refused (the line is dropped) instead of appending to whatever it points at; O_NONBLOCK and an ``fstat`` of
+    the open descriptor refuse a FIFO, device or socket planted there (no hang, nothing written to a reader) and a
+    file of another owner or with more than one link; O_CLOEXEC keeps the descriptor out of any process sshd
+    starts.
     """
 
     def log(msg: str) -> None:
@@ -30,9 +33,12 @@ def file_logger(path: Optional[str], prefix: str = "gpufleet-oidc") -> Logger:
             return
         line = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {prefix}[{os.getpid()}]: {msg}\n"
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                         0o600)
             try:
-                os.write(fd, line.encode("utf-8", "replace"))
+                st = os.fstat(fd)
+                if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1:
+                    os.write(fd, line.encode("utf-8", "replace"))
             finally:
                 os.close(fd)
         except OSError:

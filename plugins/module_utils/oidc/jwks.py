@@ -3,7 +3,11 @@
 """Discovery and a JWKS cache on disk shared by every login process.
 
 One JSON file per issuer under ``jwks_cache_dir`` (directory 0700, file 0600, owned by the
-running user, written atomically). It holds the discovery document, the public keys and
+running user, written atomically). Every access goes through a descriptor of the directory that was
+checked (``fstat``: a directory of ours, not group/other-writable), and files are opened relative to
+it with ``O_NOFOLLOW`` and checked with ``fstat`` on the open descriptor (a private regular file of
+ours with one link): nothing is looked up twice by name, so swapping a file, a symlink or the whole
+directory between a check and the open has nothing to win. It holds the discovery document, the public keys and
 three time stamps:
 
 * ``metadata_fetched_at`` / ``jwks_fetched_at``: fresh for ``metadata_ttl`` / ``jwks_ttl``;
@@ -21,6 +25,7 @@ import fcntl
 import hashlib
 import json
 import os
+import secrets
 import stat
 import tempfile
 import time
@@ -53,19 +58,55 @@ def public_keys_only(jwks: Any) -> List[Dict[str, Any]]:
     return out
 
 
+#: The cache file holds one discovery document and one JWKS, each capped at transport.MAX_BODY.
+MAX_CACHE_BYTES = 4 * 1024 * 1024
+_FILE_RO = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # O_NONBLOCK: a FIFO never hangs a login
+
+
+def open_private_dir(path: str, create: bool = False) -> Optional[int]:
+    """A descriptor of the cache directory after checking, on that descriptor, that it is a directory of ours and
+    not group/other-writable (else :class:`ConfigError`). None when it does not exist and ``create`` is false."""
+    try:
+        if create:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if not create:
+            return None
+        raise ConfigError("jwks_cache_dir", f"cannot create {path}: no such file or directory")
+    except NotADirectoryError:
+        raise ConfigError("jwks_cache_dir", f"{path} is not a directory")
+    except OSError as e:
+        raise ConfigError("jwks_cache_dir", f"cannot {'create' if create else 'open'} {path}: {e.strerror}")
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise ConfigError("jwks_cache_dir", f"{path} is owned by uid {st.st_uid}, not {os.geteuid()}")
+        if st.st_mode & 0o022:
+            raise ConfigError("jwks_cache_dir",
+                              f"{path} is writable by group or others (mode {st.st_mode & 0o777:o})")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def ensure_private_dir(path: str) -> None:
     """Create the cache directory 0700, or check an existing one is ours and not group/other-writable."""
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        st = os.stat(path)
-    except OSError as e:
-        raise ConfigError("jwks_cache_dir", f"cannot create {path}: {e.strerror}")
-    if not stat.S_ISDIR(st.st_mode):
-        raise ConfigError("jwks_cache_dir", f"{path} is not a directory")
+    os.close(open_private_dir(path, create=True))
+
+
+def private_file_problem(st: os.stat_result) -> Optional[str]:
+    """Why an open file (its ``fstat``) is not a private regular file of ours with one link, or None."""
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
     if st.st_uid != os.geteuid():
-        raise ConfigError("jwks_cache_dir", f"{path} is owned by uid {st.st_uid}, not {os.geteuid()}")
-    if st.st_mode & 0o022:
-        raise ConfigError("jwks_cache_dir", f"{path} is writable by group or others (mode {st.st_mode & 0o777:o})")
+        return f"owned by uid {st.st_uid}, not {os.geteuid()}"
+    if st.st_mode & 0o077:
+        return f"readable or writable by others (mode {st.st_mode & 0o777:o})"
+    if st.st_nlink != 1:
+        return f"{st.st_nlink} hard links"
+    return None
 
 
 def atomic_write_json(path: str, data: Any, mode: int = 0o600) -> None:
@@ -102,7 +143,8 @@ class JWKSCache:
         self.clock = clock
         self.log = log or (lambda _m: None)
         name = hashlib.sha256(issuer.encode("utf-8")).hexdigest()[:24]
-        self.path = os.path.join(cache_dir, f"issuer-{name}.json")
+        self.name = f"issuer-{name}.json"
+        self.path = os.path.join(cache_dir, self.name)
         self.state: Optional[Dict[str, Any]] = None
         #: number of HTTP fetches this object made (for tests/benchmarks)
         self.fetches = 0
@@ -114,19 +156,35 @@ class JWKSCache:
 
     # ---------------------------------------------------------------- disk
     def _load(self) -> Optional[Dict[str, Any]]:
-        try:
-            st = os.lstat(self.path)
-        except FileNotFoundError:
-            return None
-        except OSError:
-            return None
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            self.log(f"ignoring cache file {self.path}: not a private regular file of uid {os.geteuid()}")
+        dfd = open_private_dir(self.cache_dir)  # checked on every read: a bad directory fails closed
+        if dfd is None:
             return None
         try:
-            with open(self.path, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except (OSError, ValueError):
+            try:
+                fd = os.open(self.name, _FILE_RO, dir_fd=dfd)
+            except FileNotFoundError:
+                return None
+            except OSError as e:  # ELOOP: a symlink; anything else: not ours to read
+                self.log(f"ignoring cache file {self.path}: {e.strerror}")
+                return None
+            try:
+                problem = private_file_problem(os.fstat(fd))
+                if problem:
+                    self.log(f"ignoring cache file {self.path}: {problem}")
+                    return None
+                raw = os.read(fd, MAX_CACHE_BYTES + 1)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            self.log(f"ignoring unreadable cache file {self.path}: {e.strerror}")
+            return None
+        finally:
+            os.close(dfd)
+        try:
+            if len(raw) > MAX_CACHE_BYTES:
+                raise ValueError("too large")
+            data = http.json_loads(raw)
+        except ValueError:
             self.log(f"ignoring unreadable cache file {self.path}")
             return None
         if not isinstance(data, dict) or data.get("issuer") != self.issuer or not isinstance(data.get("keys"), list):
@@ -134,17 +192,41 @@ class JWKSCache:
         return data
 
     def _save(self, data: Dict[str, Any]) -> None:
-        ensure_private_dir(self.cache_dir)
+        dfd = open_private_dir(self.cache_dir, create=True)
+        tmp = f".tmp-{secrets.token_hex(8)}"
         try:
-            atomic_write_json(self.path, data)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=dfd)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    json.dump(data, fh, sort_keys=True)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, self.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=dfd)
+                raise
         except OSError as e:
             self.log(f"cannot write cache {self.path}: {e}")
+        finally:
+            os.close(dfd)
 
     @contextlib.contextmanager
     def _locked(self):
-        ensure_private_dir(self.cache_dir)
-        fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        dfd = open_private_dir(self.cache_dir, create=True)
         try:
+            try:
+                fd = os.open(self.name + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                             dir_fd=dfd)
+            except OSError as e:
+                raise ConfigError("jwks_cache_dir", f"cannot open lock file {self.path}.lock: {e.strerror}")
+        finally:
+            os.close(dfd)
+        try:
+            problem = private_file_problem(os.fstat(fd))
+            if problem:
+                raise ConfigError("jwks_cache_dir", f"lock file {self.path}.lock is {problem}")
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:

@@ -24,6 +24,19 @@ MAX_BODY = 1024 * 1024  # 1 MiB is far more than any discovery document, JWKS or
 _LOOPBACK_HTTP = re.compile(r"^http://(127\.0\.0\.1|localhost|\[::1\])(:\d+)?(/|$)")
 
 
+def json_loads(raw: Any) -> Any:
+    """``json.loads`` for text from outside (IdP answers, token parts, the cache file): every failure, including
+    ``RecursionError`` from JSON nested thousands deep and bytes that are not UTF-8, is a ``ValueError``."""
+    try:
+        if isinstance(raw, (bytes, bytearray)):
+            raw = bytes(raw).decode("utf-8")
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8: {e.reason}")
+
+
 def is_secure_url(url: Any) -> bool:
     """True for an https URL, or a plain http URL to a loopback address. The one copy of this rule."""
     return isinstance(url, str) and (url.startswith("https://") or bool(_LOOPBACK_HTTP.match(url)))
@@ -54,7 +67,7 @@ class Response:
         return self.content.decode("utf-8", "replace")
 
     def json(self) -> Any:
-        return json.loads(self.content.decode("utf-8"))
+        return json_loads(self.content)
 
     def raise_for_status(self) -> None:
         if self.status_code >= 400:

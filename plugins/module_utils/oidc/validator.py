@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import time
 from typing import Any, Callable, Dict, Optional
 
 from .config import ASYMMETRIC_ALGORITHMS, OIDCConfig
 from .errors import OIDCError, TokenRejected
 from .jwks import JWKSCache
+from .transport import json_loads
 
 try:
     from joserfc import jwt as _jwt
@@ -42,7 +42,7 @@ def _b64json(part: str, what: str) -> Any:
     try:
         pad = "=" * (-len(part) % 4)
         raw = base64.urlsafe_b64decode((part + pad).encode("ascii"))
-        return json.loads(raw.decode("utf-8"))
+        return json_loads(raw)
     except (binascii.Error, ValueError, UnicodeError):
         raise TokenRejected(f"malformed token: {what} is not base64url JSON")
 
@@ -132,6 +132,8 @@ class TokenValidator:
             raise TokenRejected("bad signature")
         except JoseError as e:
             raise TokenRejected(f"token rejected by JOSE layer: {getattr(e, 'error', type(e).__name__)}")
+        except RecursionError:
+            raise TokenRejected("malformed token: JSON nested too deeply")
         except (ValueError, TypeError) as e:
             raise TokenRejected(f"malformed token: {type(e).__name__}")
         claims = tok.claims
