@@ -288,7 +288,7 @@ class Sim:
         self.lemons_initial: list[int] = []
         self.stats = {"spares_used": 0, "retired": 0, "repairs": 0, "repair_actions": {}, "mttr": [],
                       "proactive_drains": 0, "escalations": 0, "faults": 0, "faults_idle": 0, "brain_calls": 0,
-                      "approvals": 0, "lemon_faults": 0, "peak_out": 0, "pool_empty": 0,
+                      "approvals": 0, "lemon_faults": 0, "peak_out": 0, "pool_empty": 0, "false_positives": 0,
                       "events": 0}
         self.waiting_jobs: list[Job] = []
         self.out_count = 0
@@ -315,6 +315,9 @@ class Sim:
         self.all_done = self.env.event()
         for f in sc["faults"]:
             self.env.process(self._fault_process(f))
+        fp = sc.get("false_positive")
+        if fp and fp["per_node_h"] > 0 and self.policy["detection"] == "passive":
+            self.env.process(self._false_positive_process(fp))
         lem_classes = [f for f in sc["faults"] if f["lemon"] and f["scope"] == "node" and f["per_node_h"]]
         if self.lemons_initial and lem_classes:
             self.env.process(self._lemon_process(lem_classes))
@@ -486,6 +489,50 @@ class Sim:
             before = self.stats["faults"] + self.stats["faults_idle"]
             self._strike_node(n, f)
             self.stats["lemon_faults"] += self.stats["faults"] + self.stats["faults_idle"] - before
+
+    def _false_positive_process(self, fp: dict):
+        """Passive checks that call a healthy node sick: the node is drained (a job on it checkpoints and restarts
+        elsewhere), goes through the first repair step and its verification, and comes back."""
+        env, rng = self.env, self.stream("false-positive")
+        total = fp["per_node_h"] * self.N
+        while True:
+            yield env.timeout(rng.expovariate(total))
+            n = rng.randrange(self.N)
+            o = self.owner[n]
+            rec = self.recs.get(n)
+            if o == -2 or (rec is not None and rec.state != "healthy"):
+                continue  # out of service or already sick: no healthy node to mistake
+            self.stats["events"] += 1
+            self.stats["false_positives"] += 1
+            if o == -1 or self.jobs[o].done:
+                rec = self._rec(n)
+                rec.state, rec.fault, rec.since = "failed", fp, env.now
+                self._take_out(n)
+                self.start_repair(n, Failure(n, fp, env.now, env.now, False, True))
+                continue
+            rec = self._rec(n)
+            rec.state, rec.fault, rec.since = "precursor", fp, env.now
+            env.process(self._false_drain(self.jobs[o], n, fp, rec.token))
+
+    def _false_drain(self, job: Job, n: int, fp: dict, tok: int):
+        env = self.env
+        rec = self.recs[n]
+        act_at = env.now  # the check that raised it drains at once; a person may have to agree first
+        if self.policy["repair"] == "approval":
+            act_at = self.approval_delay(act_at)
+        elif self.policy["repair"] == "manual":
+            act_at = self.human_ready(act_at)
+        yield env.timeout(act_at - env.now)
+        if rec.token != tok or rec.state != "precursor":
+            return
+        if self.owner[n] != job.idx or job.done:
+            rec.state, rec.fault = "healthy", None  # the job moved on; the alarm is moot
+            return
+        rec.verdict = self.brain.judge(tuple(fp["kmsg"]))
+        rec.state = "drained"
+        self.stats["proactive_drains"] += 1
+        self._count(job, fp, planned=True)
+        job.interrupt(Failure(n, fp, env.now, env.now, False, remove=True, planned=True))
 
     def _can_fail(self, n: int) -> bool:
         o = self.owner[n]

@@ -73,6 +73,7 @@ def run_one(sc: dict, policy: dict, seed: int, brain=None, horizon_h: float | No
         "useful_gpu_hours": work_gpu_h,
         "events": st["events"],
         "lemon_failures": st["lemon_faults"],
+        "false_positives": st["false_positives"],
     }
 
 
@@ -108,6 +109,9 @@ def run_scenario(sc: dict, policies: list | None = None, seeds: int | None = Non
 
     brains = {}
     classes = [f["name"] for f in sc["faults"]]
+    fp = sc.get("false_positive")
+    if fp and fp["per_node_h"] > 0 and any(p["detection"] == "passive" for p in pols):
+        classes.append(fp["name"])
     out = {"scenario": sc["name"], "seeds": n, "price_per_gpu_hour": sc["price_per_gpu_hour"],
            "gpus": sc["cluster"]["nodes"] * sc["cluster"]["gpus_per_node"], "policies": {}, "per_seed": {}}
     total = len(pols) * n

@@ -158,7 +158,8 @@ def test_user_policy_yaml_and_rack_outage(tmp_path):
     assert r.returncode == 2 and "spares: expected one of ['none', 'cold', 'hot']" in r.stderr
     # a rack (ToR switch) outage interrupts the job once and takes all the rack's job nodes out
     sc = scn.load(val.SCENARIOS / "default-1k.yaml")
-    raw = scn.override(sc["raw"], {"faults": [f for f in sc["raw"]["faults"] if f["name"] == "tor_switch"]})
+    raw = scn.override(sc["raw"], {"faults": [f for f in sc["raw"]["faults"] if f["name"] == "tor_switch"],
+                                   "false_positives": {"rate_per_1000_node_days": 0}})
     raw["faults"][0]["rate_per_1000_node_days"] = 20.0
     res = run_one(scn.validate(raw), resolve("passive+auto-repair+hot-spares"), 3)
     assert res["interruptions"] == res["interruptions_by_class"]["tor_switch"] > 0
@@ -221,7 +222,8 @@ def test_planned_straggler_drain_loses_no_work():
     loses no work. (The straggler's rate change and the drain used to interrupt the job twice; the second
     interrupt landed in the exit checkpoint and rolled the job back to its previous checkpoint.)"""
     sc = scn.load(val.SCENARIOS / "default-1k.yaml")
-    raw = scn.override(sc["raw"], {"faults": [f for f in sc["raw"]["faults"] if f["name"] == "straggler"]})
+    raw = scn.override(sc["raw"], {"faults": [f for f in sc["raw"]["faults"] if f["name"] == "straggler"],
+                                   "false_positives": {"rate_per_1000_node_days": 0}})
     raw["faults"][0].update(visible=1.0, rate_per_1000_node_days=30.0)
     res = run_one(scn.validate(raw), resolve("passive+auto-repair"), 1)
     assert res["interruptions"] > 20  # every episode is seen and drained ...
@@ -307,3 +309,24 @@ def test_spares_command_finds_the_cheapest(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "gpufleet_sim.cli", "spares", str(val.SCENARIOS / "default-1k.yaml"),
                           "--spares", "2,x"], capture_output=True, text=True, check=False, timeout=60)
     assert bad.returncode == 2 and "--spares: expected comma-separated whole numbers" in bad.stderr
+
+
+def test_false_positives_drain_healthy_nodes_without_losing_work():
+    """A passive check that calls a healthy node sick drains it: the job checkpoints out (no lost work), the node
+    goes through one repair step and comes back. Only passive detection raises them."""
+    sc = scn.load(val.SCENARIOS / "default-1k.yaml")
+    raw = scn.override(sc["raw"], {"faults": [f for f in sc["raw"]["faults"] if f["name"] == "tor_switch"],
+                                   "false_positives": {"rate_per_1000_node_days": 50}})
+    raw["faults"][0]["rate_per_1000_node_days"] = 0.0
+    s2 = scn.validate(raw)
+    res = run_one(s2, resolve("passive+auto-repair+hot-spares"), 1)
+    n = res["interruptions_by_class"]["false_positive"]
+    assert n == res["planned_interruptions_by_class"]["false_positive"] > 50  # all planned drains
+    assert res["false_positives"] >= n and res["crashes"] == 0
+    assert res["lost_gpu_hours_by_cause"]["lost_work"] == 0.0
+    acts = res["repair_actions"]  # the ladder starts at a GPU reset (a node drained often enough is a lemon)
+    assert max(acts, key=acts.get) == "reset_gpu" and acts["reset_gpu"] >= 0.9 * res["repairs"]
+    reactive = run_one(s2, resolve("reactive-auto"), 1)
+    assert reactive["false_positives"] == 0 and reactive["interruptions"] == 0
+    with pytest.raises(SpecError, match=r"false_positives\.rate_per_1000_node_days: expected a value >= 0"):
+        scn.validate(scn.override(raw, {"false_positives": {"rate_per_1000_node_days": -1}}))
