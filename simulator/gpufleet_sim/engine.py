@@ -289,11 +289,14 @@ class Sim:
         self.stats = {"spares_used": 0, "retired": 0, "repairs": 0, "repair_actions": {}, "mttr": [],
                       "proactive_drains": 0, "escalations": 0, "faults": 0, "faults_idle": 0, "brain_calls": 0,
                       "approvals": 0, "lemon_faults": 0, "peak_out": 0, "pool_empty": 0, "false_positives": 0,
+                      "technician_wait_h": 0.0,
                       "events": 0}
         self.waiting_jobs: list[Job] = []
         self.out_count = 0
         self.rack_out: dict[int, int] = {}
         self.breaker = None
+        techs = self.rep.get("technicians")
+        self.techs = simpy.Resource(self.env, capacity=techs) if techs else None
         nid = 0
         self.jobs: list[Job] = []
         for i, js in enumerate(sc["jobs"]):
@@ -910,9 +913,8 @@ class Sim:
                     self.breaker = None
                     continue
                 while True:
-                    yield env.timeout(self.human_ready(env.now) - env.now)
                     action = rec.fault["fixed_by"] if rec.fault else "reboot"
-                    ok = yield from self._do(rec, action)
+                    ok = yield from self._by_hand(rec, action, wait_for_hours=True)
                     if ok:
                         break
                 fixed = True
@@ -938,7 +940,10 @@ class Sim:
             if a in LEVEL:
                 if d.rule == "lemon":
                     self.stats["retired"] += 1
-                ok = yield from self._do(rec, a)
+                if mode == "manual" or a == "replace":
+                    ok = yield from self._by_hand(rec, a)
+                else:
+                    ok = yield from self._do(rec, a)
                 rep = self.brain.healthy_report() if ok else self._report_for(rec)
                 sl.update({"report": rep["report"], "report_time": to_epoch(env.now)})
                 continue
@@ -949,6 +954,23 @@ class Sim:
         self.stats["mttr"].append(env.now - out_since)
         self._bring_back(n)
         self.node_returns(n)
+
+    def _by_hand(self, rec: NodeRec, action: str, wait_for_hours: bool = False):
+        """A step a person carries out (a held or escalated node, every step in manual mode, a replacement): with a
+        limited crew (repair.technicians) it first waits for a free technician, in order of arrival."""
+        req = self.techs.request() if self.techs is not None else None
+        if req is not None:
+            t0 = self.env.now
+            yield req
+            self.stats["technician_wait_h"] += self.env.now - t0
+        try:
+            if wait_for_hours:
+                yield self.env.timeout(self.human_ready(self.env.now) - self.env.now)
+            ok = yield from self._do(rec, action)
+        finally:
+            if req is not None:
+                self.techs.release(req)
+        return ok
 
     def _do(self, rec: NodeRec, action: str):
         """Carry out one repair step; True when the node's fault is fixed."""

@@ -74,6 +74,7 @@ def run_one(sc: dict, policy: dict, seed: int, brain=None, horizon_h: float | No
         "events": st["events"],
         "lemon_failures": st["lemon_faults"],
         "false_positives": st["false_positives"],
+        "technician_wait_hours": st["technician_wait_h"],
     }
 
 

@@ -259,7 +259,8 @@ def validate(raw: Any, source: str = "scenario") -> dict:
     rep = _get(raw, "repair", source, dict, {})
     rp = f"{source}.repair"
     _unknown(rep, {"actions", "human_response_min", "business_hours", "approval_delay_min", "hot_swap_min",
-                   "cold_swap_min", "verify_min", "rma_lead_days", "check_interval_min", "check_detect_min"}, rp)
+                   "cold_swap_min", "verify_min", "rma_lead_days", "check_interval_min", "check_detect_min",
+                   "technicians"}, rp)
     acts_raw = _get(rep, "actions", rp, dict, {})
     _unknown(acts_raw, set(ACTIONS), f"{rp}.actions")
     actions = {}
@@ -292,6 +293,8 @@ def validate(raw: Any, source: str = "scenario") -> dict:
         "rma_lead_days": _dur(rep, "rma_lead_days", rp, {"dist": "lognormal", "median": 3, "p90": 5}),
         "check_interval_min": _get(rep, "check_interval_min", rp, float, 5.0, _pos),
         "check_detect_min": _dur(rep, "check_detect_min", rp, 0.5),
+        # people who carry out hands-on steps at once (null: as many as needed)
+        "technicians": _get(rep, "technicians", rp, int, None, lambda v: None if v >= 1 else "an integer >= 1"),
     }
     sc["health_config"] = _get(raw, "health_config", source, dict, {})
     sc["repair_config"] = _get(raw, "repair_config", source, dict, {})

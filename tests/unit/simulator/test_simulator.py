@@ -330,3 +330,16 @@ def test_false_positives_drain_healthy_nodes_without_losing_work():
     assert reactive["false_positives"] == 0 and reactive["interruptions"] == 0
     with pytest.raises(SpecError, match=r"false_positives\.rate_per_1000_node_days: expected a value >= 0"):
         scn.validate(scn.override(raw, {"false_positives": {"rate_per_1000_node_days": -1}}))
+
+
+def test_technicians_are_a_queue():
+    """With one technician, hands-on repairs wait for each other; with as many as needed nobody waits. The same
+    seed meets the same faults, so fewer hands can only make nodes come back later."""
+    sc = scn.load(val.SCENARIOS / "default-1k.yaml")
+    pol = resolve("reactive-manual")  # every step by hand
+    many = run_one(sc, pol, 2)
+    one = run_one(scn.validate(scn.override(sc["raw"], {"repair.technicians": 1})), pol, 2)
+    assert many["technician_wait_hours"] == 0.0
+    assert one["technician_wait_hours"] > 0 and one["mttr_hours"] > many["mttr_hours"]
+    with pytest.raises(SpecError, match=r"repair\.technicians: expected an integer >= 1"):
+        scn.validate(scn.override(sc["raw"], {"repair.technicians": 0}))
