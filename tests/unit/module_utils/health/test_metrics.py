@@ -203,3 +203,28 @@ def test_agent_writes_the_file_and_keeps_counters_in_the_state(tmp_path):
     assert values(text, "gpufleet_health_checks_total") == [2]
     assert values(text, "gpufleet_gpu_xid_errors_total", xid=79) == [1]
     assert promtool(text).returncode == 0
+
+
+def test_repair_text():
+    plan = {"decisions": [
+        {"node": "gpu1", "action": "reboot", "needs_approval": True, "approved": False, "rule": "ladder"},
+        {"node": "gpu2", "action": "hold", "rule": "escalated"},
+        {"node": "gpu3", "action": "escalate", "rule": "ladder"},
+        {"node": 'gpu"4\n', "action": "reset_gpu", "needs_approval": True, "approved": True, "runnable": True},
+        "garbage"]}
+    results = [{"node": 'gpu"4\n', "action": "reset_gpu", "failed": True}, {"node": "gpu5", "action": "resume"}, 7]
+    text = metrics.repair_text(plan, {"tripped": True}, results, now=1_800_000_000.0)
+    p = promtool(text)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert values(text, "gpufleet_repair_breaker_open") == [1]
+    assert values(text, "gpufleet_repair_pending_approval", node="gpu1", action="reboot") == [1]
+    assert len(values(text, "gpufleet_repair_pending_approval")) == 1  # an approved step does not wait
+    assert {lab["node"] for n, lab, _v in parse(text) if n == "gpufleet_repair_escalated"} == {"gpu2", "gpu3"}
+    assert values(text, "gpufleet_repair_step_failed", node='gpu"4\n', action="reset_gpu") == [1]
+    assert values(text, "gpufleet_repair_steps", action="resume", outcome="ok") == [1]
+    assert values(text, "gpufleet_repair_decisions", action="hold") == [1]
+    assert values(text, "gpufleet_repair_last_run_timestamp_seconds") == [1.8e9]
+    quiet = metrics.repair_text({"decisions": []}, {"tripped": False}, [], now=1.0)
+    assert promtool(quiet).returncode == 0 and values(quiet, "gpufleet_repair_breaker_open") == [0]
+    assert "gpufleet_repair_step_failed{" not in quiet
+    assert promtool(metrics.repair_text("broken", None, None)).returncode == 0
