@@ -257,7 +257,10 @@ def _sweep_slurm(args, n: int, command: str = "sweep"):
 def cmd_validate(args) -> int:
     from .validate import run_all
 
-    res = run_all(quick=args.quick)
+    cb, bar = _progress_factory(4)
+    res = run_all(quick=args.quick, progress=(lambda done, total, _name: cb(done, total)) if cb else None)
+    if bar is not None:
+        bar.close()
     w = max(len(c["case"]) for c in res["cases"])
     if args.json != "-":
         print(f"{'case'.ljust(w)}  {'expected':>10}  {'measured':>10}  {'tolerance':>22}  result")

@@ -78,6 +78,8 @@ LEGEND_SPARES = ("swap-ins: times a spare node took a failed node's place in a j
 
 def _pts(ci: dict, scale: float = 100.0, unit: str = " pts", digits: int = 1) -> str:
     m, (lo, hi) = ci["mean"] * scale, (ci["ci95"][0] * scale, ci["ci95"][1] * scale)
+    if _ONE_SEED[0]:
+        return f"{m:+,.{digits}f}{unit}"
     return f"{m:+,.{digits}f}{unit} (95 % CI {lo:+,.{digits}f} to {hi:+,.{digits}f})"
 
 
@@ -87,6 +89,7 @@ def explain(res: dict) -> list:
     from .runner import paired
 
     pol = res["policies"]
+    _ONE_SEED[0] = res["seeds"] < 2
     ranked = sorted(pol, key=lambda n: -pol[n]["ettr"]["mean"])
     out = []
     for name, p in pol.items():
@@ -100,7 +103,7 @@ def explain(res: dict) -> list:
         if len(ranked) > 1 and name in res.get("per_seed", {}):
             d = paired({other: res["per_seed"][other], name: res["per_seed"][name]})["policies"][name]
             win = d["ettr"]["mean"] >= 0
-            sig = d["ettr"]["ci95"][0] > 0 or d["ettr"]["ci95"][1] < 0
+            sig = not _ONE_SEED[0] and (d["ettr"]["ci95"][0] > 0 or d["ettr"]["ci95"][1] < 0)
             # the causes that moved most in the direction of the result
             moved = sorted((c for c in CAUSES if (d[f"lost:{c}"]["mean"] < 0) == win and d[f"lost:{c}"]["mean"]),
                            key=lambda c: -abs(d[f"lost:{c}"]["mean"]))[:2]
@@ -108,7 +111,8 @@ def explain(res: dict) -> list:
             text += (f" Against {other}, seed by seed: ETTR {_pts(d['ettr'])}, "
                      f"cost {_pts(d['cost_usd'], 1.0, ' USD', 0)}"
                      f": it {'wins' if win else 'loses'}"
-                     + ("" if sig else " (not significant over these seeds: run more seeds)")
+                     + ("" if sig else " (one seed: run more seeds to know)" if _ONE_SEED[0]
+                        else " (not significant over these seeds: run more seeds)")
                      + (f", mostly through {why}." if why else "."))
         out.append((name, text))
     return out

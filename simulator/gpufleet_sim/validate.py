@@ -162,11 +162,16 @@ def airesim_cases(seeds: int = 1) -> list[dict]:
             _case("AIReSim default: ETR", 0.6228, etr, 0.01, "abs")]
 
 
-def run_all(quick: bool = False) -> dict:
+def run_all(quick: bool = False, progress=None) -> dict:
+    """Every published case; ``progress(done, total, name)`` is called as each group of cases finishes."""
     t0 = time.perf_counter()
+    groups = [("Daly", lambda: daly_cases(seeds=200 if quick else 400, sweep_seeds=40 if quick else 80)),
+              ("Llama 3", lambda: llama_cases(seeds=24 if quick else 40)),
+              ("RSC-1", lambda: rsc_cases(failures=3000 if quick else 9000, seeds=3)),
+              ("AIReSim", lambda: airesim_cases(seeds=1 if quick else 2))]
     cases = []
-    cases += daly_cases(seeds=200 if quick else 400, sweep_seeds=40 if quick else 80)
-    cases += llama_cases(seeds=24 if quick else 40)
-    cases += rsc_cases(failures=3000 if quick else 9000, seeds=3)
-    cases += airesim_cases(seeds=1 if quick else 2)
+    for i, (name, run) in enumerate(groups):
+        cases += run()
+        if progress:
+            progress(i + 1, len(groups), name)
     return {"cases": cases, "passed": all(c["pass"] for c in cases), "wall_s": time.perf_counter() - t0}

@@ -343,3 +343,10 @@ def test_technicians_are_a_queue():
     assert one["technician_wait_hours"] > 0 and one["mttr_hours"] > many["mttr_hours"]
     with pytest.raises(SpecError, match=r"repair\.technicians: expected an integer >= 1"):
         scn.validate(scn.override(sc["raw"], {"repair.technicians": 0}))
+
+
+def test_frontier_scenario_runs_at_a_sensible_operating_point():
+    sc = scn.load(val.SCENARIOS / "frontier-100k.yaml")
+    assert sc["cluster"]["nodes"] * sc["cluster"]["gpus_per_node"] == 100_000
+    r = run_one(sc, resolve("passive+auto-repair+hot-spares"), 1, horizon_h=48.0)
+    assert r["interruptions"] > 50 and r["ettr"] > 0.6  # a blocking save every Young interval would give ~0.06
