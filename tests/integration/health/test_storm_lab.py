@@ -1,0 +1,195 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A storm on 16 nodes: the real agent (`gpufleet-health check --slurm --repair-config`) as the HealthCheckProgram
+of 16 real slurmd, a replayed sick capture on every node at once.
+
+Warnings (a replayed Xid 79 kernel log; the probe still sees every GPU) stop at the repair policy's limits
+(max_unavailable, the last available node of a partition) or, where the limits allow more, at the circuit breaker,
+which every held node then reports. Nodes whose GPU is lost (the probe) are all drained at once and counted.
+
+This module runs its own 16-node lab (port base = the session lab's + 200, SLURM_STORM_LAB_PORT_BASE overrides),
+with a second partition ``pair`` = the last two nodes, and stops it at the end.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+XID79 = REPO / "tests" / "fixtures" / "gpu" / "kmsg-fallen-off-bus-without-xid.log"
+AGENT = Path(sys.executable).parent / "gpufleet-health"
+N = 16
+INTERVAL = 10
+BREAKER = "circuit breaker tripped: 8 nodes drained by gpufleet within 300s (threshold 8 of 16)"
+
+pytestmark = pytest.mark.lab
+
+
+@pytest.fixture(scope="module")
+def storm_lab(slurm_lab, tmp_path_factory):
+    base = int(os.environ.get("SLURM_STORM_LAB_PORT_BASE", slurm_lab.port_base + 200))
+    lab_dir = Path(f"/tmp/gpufleet-lab-{base}")
+    extra = tmp_path_factory.mktemp("storm") / "extra.conf"
+    extra.write_text(f"PartitionName=pair Nodes=node{N - 1},node{N} MaxTime=INFINITE State=UP\n")
+    script_env = {"SLURM_LAB_PORT_BASE": str(base), "SLURM_LAB_DIR": str(lab_dir), "SLURM_LAB_NODES": str(N),
+                  "SLURM_LAB_RELEASE": slurm_lab.release, "SLURM_LAB_EXTRA_CONF": str(extra),
+                  "SLURM_LAB_HEALTHCHECK_INTERVAL": str(INTERVAL)}
+    lab = type(slurm_lab)(dir=lab_dir, conf=lab_dir / "etc" / "slurm.conf", nodes=[f"node{i}" for i in range(1, N + 1)],
+                          env={}, port_base=base, release=slurm_lab.release, script_env=script_env)
+    lab.script_run("start", timeout=900)
+    try:
+        env = {}
+        for line in lab.script_run("env").stdout.splitlines():
+            if line.startswith("export "):
+                key, _sep, value = line[len("export "):].partition("=")
+                env[key] = value.replace("$PATH", os.environ.get("PATH", ""))
+        lab.env = env
+        yield lab
+    finally:
+        lab.script_run("stop", check=False)
+
+
+@pytest.fixture
+def storm(storm_lab, tmp_path):
+    """The lab reset, and the hook: the real agent with --repair-config <dir>/repair.json; per-node stand-ins."""
+    storm_lab.reset()
+    d = tmp_path / "nodes"
+    d.mkdir()
+    (d / "healthy.json").write_text("{}")
+    (d / "repair.json").write_text("{}")
+    script = f"""#!/usr/bin/env bash
+set -u
+node=${{SLURMD_NODENAME:?}}
+d={shlex.quote(str(d))}
+args=(check --slurm --json --node "$node" --state-file "$d/$node.state" --expected-gpus 8
+      --repair-config "$d/repair.json")
+fake="$d/$node.fake.json"
+[[ -f "$fake" ]] || fake="$d/healthy.json"
+args+=(--fake-nvml "$fake")
+if [[ -f "$d/$node.kmsg" ]]; then args+=(--kmsg "$d/$node.kmsg"); else args+=(--kmsg -); fi
+{shlex.quote(str(AGENT))} "${{args[@]}}" >"$d/$node.last.json" 2>"$d/$node.last.err"
+rc=$?
+tr -d '\\n' <"$d/$node.last.json" >>"$d/$node.history.jsonl"; echo >>"$d/$node.history.jsonl"
+cat "$d/$node.last.err" >>"$d/$node.err.log"
+echo "$(date +%s.%N) rc=$rc" >>"$d/$node.runs"
+exit 0
+"""
+    storm_lab.hook.write_text(script)
+    storm_lab.hook.chmod(0o755)
+    yield storm_lab, d
+    storm_lab.hook.unlink(missing_ok=True)
+
+
+def runs(d: Path, node: str) -> int:
+    p = d / f"{node}.runs"
+    return len(p.read_text().splitlines()) if p.exists() else 0
+
+
+def wait_runs(lab, d: Path, n_more: int, timeout: float = 240):
+    start = {node: runs(d, node) for node in lab.nodes}
+    deadline = time.monotonic() + timeout
+    while any(runs(d, node) < start[node] + n_more for node in lab.nodes):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"health checks did not run {n_more} more times within {timeout}s: "
+                                 f"{ {node: runs(d, node) - start[node] for node in lab.nodes} }")
+        time.sleep(0.5)
+
+
+def history(d: Path, node: str) -> list:
+    p = d / f"{node}.history.jsonl"
+    out = []
+    for line in (p.read_text().splitlines() if p.exists() else []):
+        if line.strip():
+            out.append(json.loads(line))
+    return out
+
+
+def drained(lab) -> dict:
+    return {n: r for n, (s, r) in lab.node_states().items() if s in ("drained", "draining")}
+
+
+def settle(lab, d, want: int, timeout: float = 300) -> dict:
+    """Poll until ``want`` nodes are drained (a warning that gave way to one that gave way too drains at its next
+    check), then check that it stays so for two more checks of every node."""
+    deadline = time.monotonic() + timeout
+    while len(drained(lab)) != want:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"wanted {want} drained nodes within {timeout}s, got {drained(lab)}")
+        time.sleep(0.5)
+    wait_runs(lab, d, 2)
+    now = drained(lab)
+    assert len(now) == want, now
+    return now
+
+
+def sick_everywhere(lab, d):
+    text = XID79.read_text()
+    for node in lab.nodes:  # all at once, between two checks
+        (d / f"{node}.kmsg").write_text(text)
+
+
+def test_warning_storm_stops_at_max_unavailable_and_keeps_the_last_node(storm):
+    lab, d = storm
+    wait_runs(lab, d, 1)
+    sick_everywhere(lab, d)
+    wait_runs(lab, d, 2)
+    out = settle(lab, d, 3)  # max_unavailable 20 % of 16
+    assert all(r.startswith("gpufleet: xid79") for r in out.values()), out
+    assert not {f"node{N - 1}", f"node{N}"} <= set(out), out  # partition pair keeps an available node
+    for node in lab.nodes:
+        last = json.loads((d / f"{node}.last.json").read_text())
+        assert last["verdict"] == "unhealthy" and last["code"].startswith("xid79"), last
+        if node in out:
+            assert last["slurm"]["action"] == "already_drained", last["slurm"]
+        else:
+            s = last["slurm"]
+            assert s["action"] == "held" and s["rule"] == "blast_radius" and not s["forced"], s
+            assert ("limit 3" in s["detail"]) or ("partition pair" in s["detail"]), s
+            assert "breaker" not in s
+    # every drain kept is one the rule allowed; every other one was taken back by its own agent
+    for node in lab.nodes:
+        for h in history(d, node):
+            assert h["slurm"]["action"] in ("none", "drained", "yielded", "held", "already_drained"), h["slurm"]
+
+
+def test_breaker_trips_where_the_limits_allow_more_and_says_so(storm):
+    lab, d = storm
+    (d / "repair.json").write_text(json.dumps({"blast_radius": {"max_unavailable": "100%", "min_healthy": 0}}))
+    wait_runs(lab, d, 1)
+    sick_everywhere(lab, d)
+    wait_runs(lab, d, 2)
+    out = settle(lab, d, 7)  # the 8th drain within 300 s would trip the breaker (50 % of 16)
+    assert not {f"node{N - 1}", f"node{N}"} <= set(out), out
+    held = [node for node in lab.nodes if node not in out]
+    for node in held:
+        s = json.loads((d / f"{node}.last.json").read_text())["slurm"]
+        assert s["action"] == "held" and s["rule"] == "breaker", s
+        assert s["breaker"].startswith(BREAKER), s
+        assert "circuit breaker tripped" in (d / f"{node}.last.err").read_text()
+
+
+def test_lost_gpus_drain_at_once_count_and_trip_the_breaker(storm):
+    lab, d = storm
+    wait_runs(lab, d, 1)
+    lost = json.dumps({"devices": [{"index": 3, "fail": {"mode": "lost", "after_calls": 5}}]})
+    for node in lab.nodes:
+        (d / f"{node}.fake.json").write_text(lost)
+    out = settle(lab, d, N)  # every node: no limit stops a node that cannot run jobs
+    assert set(out.values()) == {"gpufleet: gpu_lost gpu3"}, out
+    drains = {}
+    for node in lab.nodes:
+        for h in history(d, node):
+            if h["slurm"]["action"] == "drained":
+                drains[node] = h["slurm"]
+    assert sorted(drains) == sorted(lab.nodes), drains
+    assert all(s["forced"] and s["rule"] == "cannot_run_jobs" for s in drains.values()), drains
+    # counted: the drains from the 8th on (by reason time, then name) find the breaker tripped and say so
+    loud = [node for node, s in drains.items() if s.get("breaker", "").startswith("circuit breaker tripped")]
+    assert len(loud) >= N - 7, drains
+    assert any("counts against the limits" in s["detail"] for s in drains.values()), drains
