@@ -23,6 +23,14 @@ help:
 setup: $(VENV)/.stamp-deps $(VENV)/.stamp-tools collections/ansible_collections/gpufleet/reliability node-deps
 	@scripts/install-prereqs.sh
 
+# Event-Driven Ansible (ansible-rulebook, tests/integration/monitoring) in its own venv: its pins differ from dev.txt.
+EDA_VENV := .cache/eda-venv
+setup: $(EDA_VENV)/.stamp
+$(EDA_VENV)/.stamp: requirements/eda.txt
+	test -x $(EDA_VENV)/bin/python || $(PYTHON) -m venv $(EDA_VENV)
+	$(EDA_VENV)/bin/pip install -q --disable-pip-version-check -r requirements/eda.txt
+	touch $@
+
 $(VENV)/.stamp-deps: requirements/dev.txt
 	@scripts/install-prereqs.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -124,3 +124,28 @@ def prom_query(base: str, expr: str):
     data = json.loads(http_get(url))
     assert data["status"] == "success", data
     return data["data"]["result"]
+
+
+EDA_VENV = REPO / ".cache" / "eda-venv"
+
+
+def eda_bin(name: str) -> str:
+    path = EDA_VENV / "bin" / name
+    if not path.exists():
+        pytest.fail(f"{path} missing: `make setup` builds the ansible-rulebook venv from requirements/eda.txt")
+    need("java")
+    return str(path)
+
+
+def http_post(url: str, body: bytes, headers=None, timeout: float = 10.0):
+    """(status, parsed JSON or text) of a POST; HTTP errors are answers too."""
+    req = urllib.request.Request(url, data=body, method="POST", headers=dict(headers or {}))
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - loopback only
+            status, text = resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        status, text = exc.code, exc.read().decode(errors="replace")
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text

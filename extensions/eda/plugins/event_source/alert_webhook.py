@@ -1,0 +1,239 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""gpufleet.reliability.alert_webhook: an Event-Driven Ansible event source for GPU health events.
+
+Receives, over HTTP on loopback by default:
+
+* ``POST /alertmanager``: Alertmanager webhook notifications (payload version 4). Every *firing* alert labelled
+  ``gpufleet_repair="true"`` with a ``node`` label becomes one event; other alerts are counted and dropped.
+  Authenticated with ``Authorization: Bearer <token>`` (Alertmanager's ``http_config.authorization``).
+* ``POST /event``: an event from the health agent or any script, ``{"node": ..., "verdict": ..., "action": ...,
+  "code": ..., "gpu": ...}``; only ``verdict: unhealthy`` (or ``drain: true``) becomes an event. Authenticated with the
+  bearer token, or with ``X-Gpufleet-Timestamp: <unix seconds>`` and ``X-Gpufleet-Signature: sha256=<hex>``, the
+  HMAC-SHA256 of ``<timestamp>.<body>`` with ``hmac_secret`` (refused when older than ``max_skew`` seconds).
+
+Each event put on the queue is ``{"gpufleet": {"kind": "alert"|"agent", "node", "alertname", "code", "gpu",
+"action", "severity", "received_at"}}``. Anything else is refused before it reaches a rule: a wrong or missing
+secret (401), a body that is not JSON or not the expected shape (400), a node name that is not a plain host name
+(the alert is dropped), a body over ``max_body`` bytes (413). Floods are deduplicated: one event per node per
+``dedupe_seconds`` (the rulebook adds its own throttle; the repair plan its budgets and breaker).
+
+Arguments (rulebook ``sources:``):
+
+    host: 127.0.0.1            listen address; anything but loopback needs allow_remote: true
+    port: 5000
+    token: ""                  shared secret; default: the environment variable named by token_env
+    token_env: GPUFLEET_EDA_TOKEN
+    hmac_secret: ""            default: the environment variable named by hmac_secret_env
+    hmac_secret_env: GPUFLEET_EDA_HMAC_SECRET
+    dedupe_seconds: 300
+    max_body: 1048576
+    max_skew: 300
+
+At least one of token / hmac_secret must be set: the source refuses to start without a secret.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import re
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from aiohttp import web
+
+LOGGER = logging.getLogger("gpufleet.reliability.alert_webhook")
+NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+CODE_RE = re.compile(r"^[A-Za-z0-9_.:-]{0,64}$")
+ACTIONS = ("none", "monitor", "reset_gpu", "reboot", "reimage", "replace")
+
+
+class BadRequest(ValueError):
+    pass
+
+
+def _clean(value: Any, pattern=CODE_RE) -> Optional[str]:
+    if value is None:
+        return None
+    text = str(value)
+    return text if pattern.match(text) else None
+
+
+class Receiver:
+    """Authentication, validation and deduplication; the aiohttp handlers only translate."""
+
+    def __init__(self, queue, args: Dict[str, Any], clock=time.time):
+        self.queue = queue
+        self.clock = clock
+        self.token = str(args.get("token") or os.environ.get(str(args.get("token_env", "GPUFLEET_EDA_TOKEN")), ""))
+        self.hmac_secret = str(args.get("hmac_secret") or
+                               os.environ.get(str(args.get("hmac_secret_env", "GPUFLEET_EDA_HMAC_SECRET")), ""))
+        if not self.token and not self.hmac_secret:
+            raise ValueError("alert_webhook: set token (or $GPUFLEET_EDA_TOKEN) or hmac_secret "
+                             "(or $GPUFLEET_EDA_HMAC_SECRET); the source does not run without a secret")
+        self.host = str(args.get("host", "127.0.0.1"))
+        try:
+            loopback = ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            loopback = self.host == "localhost"
+        if not loopback and not args.get("allow_remote"):
+            raise ValueError(f"alert_webhook: host {self.host!r} is not loopback; set allow_remote: true to listen "
+                             "there (and put TLS in front)")
+        self.port = self._int(args, "port", 5000, 1, 65535)
+        self.dedupe = self._int(args, "dedupe_seconds", 300, 0, 7 * 86400)
+        self.max_body = self._int(args, "max_body", 1 << 20, 1024, 64 << 20)
+        self.max_skew = self._int(args, "max_skew", 300, 1, 86400)
+        self.last: Dict[str, float] = {}
+        self.stats = {"queued": 0, "deduplicated": 0, "dropped": 0, "refused": 0}
+
+    @staticmethod
+    def _int(args, key, default, lo, hi) -> int:
+        value = args.get(key, default)
+        try:
+            value = int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"alert_webhook: {key}: expected an integer, got {value!r}")
+        if not lo <= value <= hi:
+            raise ValueError(f"alert_webhook: {key}: expected {lo}..{hi}, got {value}")
+        return value
+
+    # ---- authentication ----------------------------------------------------------------------------------
+    def authenticate(self, headers, body: bytes, allow_hmac: bool) -> bool:
+        auth = headers.get("Authorization", "")
+        if self.token and auth.startswith("Bearer ") and \
+                hmac.compare_digest(auth[7:].strip().encode(), self.token.encode()):
+            return True
+        if allow_hmac and self.hmac_secret:
+            stamp = headers.get("X-Gpufleet-Timestamp", "")
+            sig = headers.get("X-Gpufleet-Signature", "")
+            try:
+                age = abs(self.clock() - float(stamp))
+            except ValueError:
+                return False
+            if age != age or age > self.max_skew or not sig.startswith("sha256="):
+                return False
+            want = hmac.new(self.hmac_secret.encode(), stamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+            return hmac.compare_digest(sig[7:].encode(), want.encode())
+        return False
+
+    # ---- payloads ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _json(body: bytes) -> Dict[str, Any]:
+        try:
+            data = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            raise BadRequest("body is not JSON")
+        if not isinstance(data, dict):
+            raise BadRequest("expected a JSON object")
+        return data
+
+    def from_alertmanager(self, body: bytes) -> Tuple[List[Dict[str, Any]], int]:
+        data = self._json(body)
+        alerts = data.get("alerts")
+        if not isinstance(alerts, list) or not isinstance(data.get("version", "4"), str):
+            raise BadRequest("not an Alertmanager webhook payload: 'alerts' must be a list")
+        events, dropped = [], 0
+        for a in alerts:
+            labels = a.get("labels") if isinstance(a, dict) else None
+            if not isinstance(labels, dict) or a.get("status") != "firing" or \
+                    labels.get("gpufleet_repair") != "true":
+                dropped += 1
+                continue
+            node = _clean(labels.get("node"), NODE_RE)
+            if node is None:
+                dropped += 1
+                continue
+            events.append({"kind": "alert", "node": node, "alertname": _clean(labels.get("alertname")),
+                           "code": _clean(labels.get("code")), "gpu": _clean(labels.get("gpu")),
+                           "action": _clean(labels.get("action")), "severity": _clean(labels.get("severity"))})
+        return events, dropped
+
+    def from_agent(self, body: bytes) -> Tuple[List[Dict[str, Any]], int]:
+        data = self._json(body)
+        node = _clean(data.get("node"), NODE_RE)
+        if node is None:
+            raise BadRequest("node: expected a host name (letters, digits, '.', '_', '-')")
+        action = data.get("action", "none")
+        if action not in ACTIONS:
+            raise BadRequest(f"action: expected one of {', '.join(ACTIONS)}")
+        if data.get("verdict") != "unhealthy" and data.get("drain") is not True:
+            return [], 1
+        return [{"kind": "agent", "node": node, "alertname": None, "code": _clean(data.get("code")),
+                 "gpu": _clean(data.get("gpu")), "action": action, "severity": None}], 0
+
+    async def put(self, events: List[Dict[str, Any]]) -> Dict[str, int]:
+        now = self.clock()
+        counts = {"queued": 0, "deduplicated": 0}
+        for ev in events:
+            last = self.last.get(ev["node"])
+            if last is not None and now - last < self.dedupe:
+                counts["deduplicated"] += 1
+                continue
+            self.last[ev["node"]] = now
+            ev["received_at"] = now
+            await self.queue.put({"gpufleet": ev})
+            counts["queued"] += 1
+        for k, v in counts.items():
+            self.stats[k] += v
+        if len(self.last) > 100000:  # bound the memory a flood of distinct names could take
+            cutoff = now - self.dedupe
+            self.last = {n: t for n, t in self.last.items() if t >= cutoff}
+        return counts
+
+    async def handle(self, request: web.Request, kind: str) -> web.Response:
+        body = await request.read()
+        if not self.authenticate(request.headers, body, allow_hmac=(kind == "agent")):
+            self.stats["refused"] += 1
+            LOGGER.warning("alert_webhook: refused a request to /%s from %s: bad or missing secret",
+                           "event" if kind == "agent" else "alertmanager", request.remote)
+            return web.json_response({"error": "unauthorized"}, status=401)
+        try:
+            events, dropped = self.from_agent(body) if kind == "agent" else self.from_alertmanager(body)
+        except BadRequest as exc:
+            self.stats["refused"] += 1
+            return web.json_response({"error": str(exc)}, status=400)
+        self.stats["dropped"] += dropped
+        counts = await self.put(events)
+        counts["dropped"] = dropped
+        return web.json_response(counts, status=202)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body)
+
+        async def alertmanager(request):
+            return await self.handle(request, "alert")
+
+        async def agent(request):
+            return await self.handle(request, "agent")
+
+        app.router.add_post("/alertmanager", alertmanager)
+        app.router.add_post("/event", agent)
+        return app
+
+
+async def main(queue, args: Dict[str, Any]):
+    receiver = Receiver(queue, args or {})
+    runner = web.AppRunner(receiver.app())
+    await runner.setup()
+    site = web.TCPSite(runner, receiver.host, receiver.port)
+    await site.start()
+    LOGGER.info("alert_webhook: listening on %s:%s", receiver.host, receiver.port)
+    try:
+        await asyncio.Future()
+    finally:
+        await runner.cleanup()
+
+
+if __name__ == "__main__":  # pragma: no cover - by hand: print the events it would queue
+
+    class _PrintQueue:
+        async def put(self, event):
+            LOGGER.warning("%s", json.dumps(event))
+
+    logging.basicConfig(level=logging.INFO)
+    asyncio.run(main(_PrintQueue(), {"port": int(os.environ.get("PORT", "5000"))}))

@@ -1,0 +1,141 @@
+"""The collection's Event-Driven Ansible source gpufleet.reliability.alert_webhook, run for real (aiohttp in the
+ansible-rulebook venv) and attacked over HTTP: forged, stale, malformed, oversized and hostile requests are refused
+before any event reaches a rule; genuine Alertmanager and agent requests are the controls; floods are deduplicated
+to one event per node."""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import eda_bin, free_port, http_post, wait_for
+
+HARNESS = Path(__file__).resolve().parent / "eda_source_harness.py"
+TOKEN, SECRET = "tok-3f9a", "hmac-51c2"
+
+
+class Source:
+    def __init__(self, args):
+        self.proc = subprocess.Popen([eda_bin("python"), str(HARNESS), json.dumps(args)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.events = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.events.append(json.loads(line))
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def source():
+    port = free_port()
+    s = Source({"port": port, "token": TOKEN, "hmac_secret": SECRET, "dedupe_seconds": 300, "max_body": 4096})
+    s.url = f"http://127.0.0.1:{port}"
+
+    def up():
+        if s.proc.poll() is not None:
+            raise AssertionError(s.proc.stderr.read())
+        return http_post(s.url + "/alertmanager", b"{}")[0] == 401
+    wait_for(up, 60, "the event source to listen")
+    yield s
+    s.stop()
+
+
+def alert(node, status="firing", **labels):
+    lab = {"alertname": "GpufleetGpuLost", "node": node, "gpu": "3", "gpufleet_repair": "true", "severity": "page"}
+    lab.update(labels)
+    return {"status": status, "labels": lab, "annotations": {}, "startsAt": "2026-12-04T10:00:00Z"}
+
+
+def am_body(*alerts):
+    return json.dumps({"version": "4", "status": "firing", "receiver": "gpufleet-rulebook",
+                       "groupLabels": {}, "alerts": list(alerts)}).encode()
+
+
+BEARER = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+
+
+def signed(body: bytes, secret=SECRET, stamp=None):
+    stamp = str(int(time.time()) if stamp is None else stamp)
+    sig = hmac.new(secret.encode(), stamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    return {"X-Gpufleet-Timestamp": stamp, "X-Gpufleet-Signature": f"sha256={sig}"}
+
+
+def test_refused_requests_queue_nothing(source):
+    good = am_body(alert("gpu1"))
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"},
+                    {"Authorization": f"Bearer {TOKEN}x"}, signed(good)):  # HMAC is for /event only
+        assert http_post(source.url + "/alertmanager", good, headers)[0] == 401, headers
+    agent = json.dumps({"node": "gpu1", "verdict": "unhealthy", "action": "reboot", "code": "xid79"}).encode()
+    for headers in (signed(agent, secret="other"), signed(agent, stamp=time.time() - 3600),
+                    signed(agent, stamp="nan"), signed(agent, stamp="inf"), signed(agent + b" ")):
+        assert http_post(source.url + "/event", agent, headers)[0] == 401, headers
+    # tampered body under a signature made for the original
+    h = signed(agent)
+    assert http_post(source.url + "/event", agent.replace(b"gpu1", b"gpu2"), h)[0] == 401
+    assert http_post(source.url + "/alertmanager", b"not json", BEARER)[0] == 400
+    assert http_post(source.url + "/alertmanager", b"[1, 2]", BEARER)[0] == 400
+    assert http_post(source.url + "/alertmanager", b'{"alerts": "x"}', BEARER)[0] == 400
+    assert http_post(source.url + "/alertmanager", b"\xff\xfe", BEARER)[0] == 400
+    assert http_post(source.url + "/event", b'{"node": "gpu1; rm -rf /", "verdict": "unhealthy"}', BEARER)[0] == 400
+    assert http_post(source.url + "/event", b'{"node": "gpu1", "verdict": "unhealthy", "action": "nuke"}',
+                     BEARER)[0] == 400
+    assert http_post(source.url + "/alertmanager", am_body(alert("gpu1")) + b" " * 5000, BEARER)[0] == 413
+    assert http_post(source.url + "/nope", good, BEARER)[0] == 404
+    # hostile or foreign alerts are dropped, the request itself is fine
+    status, answer = http_post(source.url + "/alertmanager", am_body(
+        alert("-gpu1"), alert("gpu1\nx"), alert("a" * 80), alert("gpu1", status="resolved"),
+        alert("gpu1", gpufleet_repair="false"), {"labels": "x"}, "junk"), BEARER)
+    assert (status, answer) == (202, {"queued": 0, "deduplicated": 0, "dropped": 7})
+    healthy = json.dumps({"node": "gpu1", "verdict": "healthy", "action": "none"}).encode()
+    assert http_post(source.url + "/event", healthy, signed(healthy))[1]["dropped"] == 1
+    time.sleep(0.5)  # nothing may arrive late
+    assert source.events == []
+
+
+def test_genuine_requests_queue_one_event_per_node(source):
+    status, answer = http_post(source.url + "/alertmanager", am_body(alert("gpu1"), alert("gpu2", code="xid48")),
+                               BEARER)
+    assert (status, answer) == (202, {"queued": 2, "deduplicated": 0, "dropped": 0})
+    # a flood: Alertmanager repeats, the agent reports the same node again - all deduplicated
+    for _i in range(20):
+        assert http_post(source.url + "/alertmanager", am_body(alert("gpu1")), BEARER)[1]["deduplicated"] == 1
+    agent = json.dumps({"node": "gpu3", "verdict": "unhealthy", "action": "reset_gpu", "code": "xid48",
+                        "gpu": 2}).encode()
+    assert http_post(source.url + "/event", agent, signed(agent))[1]["queued"] == 1
+    assert http_post(source.url + "/event", agent, signed(agent))[1]["deduplicated"] == 1
+    drain = json.dumps({"node": "gpu4", "verdict": "degraded", "drain": True, "code": "node_power_brake"}).encode()
+    assert http_post(source.url + "/event", drain, BEARER)[1]["queued"] == 1
+    wait_for(lambda: len(source.events) == 4, 10, "four events")
+    time.sleep(0.3)
+    got = [e["gpufleet"] for e in source.events]
+    assert [(e["kind"], e["node"]) for e in got] == [("alert", "gpu1"), ("alert", "gpu2"), ("agent", "gpu3"),
+                                                     ("agent", "gpu4")]
+    assert got[0]["alertname"] == "GpufleetGpuLost" and got[0]["gpu"] == "3" and got[1]["code"] == "xid48"
+    assert got[2]["action"] == "reset_gpu" and got[2]["gpu"] == "2" and isinstance(got[2]["received_at"], float)
+
+
+@pytest.mark.parametrize("args,message", [
+    ({}, "does not run without a secret"),
+    ({"token": "x", "host": "0.0.0.0"}, "not loopback"),
+    ({"token": "x", "port": "http"}, "port: expected an integer"),
+    ({"token": "x", "dedupe_seconds": -1}, "dedupe_seconds: expected"),
+])
+def test_unsafe_settings_refuse_to_start(args, message):
+    p = subprocess.run([eda_bin("python"), str(HARNESS), json.dumps(args)], capture_output=True, text=True,
+                       timeout=60, check=False, env={"PATH": "/usr/bin:/bin"})
+    assert p.returncode == 2 and message in p.stderr, p.stderr
