@@ -1,0 +1,238 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A site that already runs LBNL NHC adopts the collection (installed from its tarball) in the real Slurm lab.
+
+The real NHC 1.4.3 (tests/thirdparty/nhc) is installed into a private prefix and made the lab's
+HealthCheckProgram, with a check that fails on one node. Then, as a site would: `--check --diff`, the
+slurm_reliability role for real, and again (nothing changes). Afterwards NHC and the gpufleet agent both still
+drain (each with its own reason), and the repair playbook repairs the agent's node and leaves NHC's node alone.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import tarfile
+from pathlib import Path
+
+import ansible_runner
+import pytest
+import yaml
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+NHC_TARBALL = REPO / "tests" / "thirdparty" / "nhc" / "nhc-1.4.3.tar.gz"
+sys.path.insert(0, str(REPO / "tests" / "integration" / "repair"))
+
+from repair_lab_helpers import RepairLab, wait_until  # noqa: E402
+
+pytestmark = pytest.mark.lab
+
+
+def install_nhc(base: Path, lab, failing_node: str) -> Path:
+    """NHC unpacked from its release tarball into ``base`` (nothing outside it); returns the HealthCheckProgram.
+
+    slurmd starts the HealthCheckProgram without arguments, so, as sites do, a two-line script gives NHC its
+    private paths (NHC takes VAR=value arguments). HOSTNAME is the Slurm node name: the lab runs every node on
+    one host.
+    """
+    src = base / "src"
+    with tarfile.open(NHC_TARBALL) as tf:
+        tf.extractall(src, filter="data")
+    top = src / "nhc-1.4.3"
+    prefix = base / "nhc"
+    for sub in ("sbin", "etc/nhc/scripts", "libexec/nhc", "log", "run"):
+        (prefix / sub).mkdir(parents=True, exist_ok=True)
+    shutil.copy(top / "nhc", prefix / "sbin" / "nhc")
+    for script in (top / "scripts").glob("*.nhc"):
+        shutil.copy(script, prefix / "etc" / "nhc" / "scripts" / script.name)
+    for helper in ("node-mark-offline", "node-mark-online"):
+        shutil.copy(top / "helpers" / helper, prefix / "libexec" / "nhc" / helper)
+    (prefix / "etc" / "nhc" / "nhc.conf").write_text(
+        "# private NHC configuration of the test: one node fails a file check, every node passes the rest\n"
+        f"{failing_node} || check_file_test -e {base}/no-such-file-on-{failing_node}\n"
+        "* || check_fs_mount_rw -f /\n")
+    program = prefix / "sbin" / "nhc-slurm"
+    program.write_text(
+        "#!/bin/bash\n"
+        f"export SLURM_CONF={lab.conf}\n"
+        f"exec {prefix}/sbin/nhc CONFDIR={prefix}/etc/nhc HELPERDIR={prefix}/libexec/nhc "
+        f"LOGFILE={prefix}/log/nhc.log RESULTFILE={prefix}/run/nhc.status TIMEOUT=20 "
+        'HOSTNAME="$SLURMD_NODENAME" HOSTNAME_S="$SLURMD_NODENAME"\n')
+    for p in [program, prefix / "sbin" / "nhc", *(prefix / "libexec" / "nhc").iterdir()]:
+        p.chmod(0o755)
+    return program
+
+
+def set_conf_line(conf: Path, key: str, value: str) -> None:
+    text = conf.read_text()
+    new, n = re.subn(rf"(?m)^{key}=.*$", f"{key}={value}", text)
+    assert n == 1, f"{key} not found once in {conf}"
+    conf.write_text(new)
+
+
+def show_config(lab, key: str):
+    for line in lab.run("scontrol", "show", "config").stdout.splitlines():
+        m = re.match(rf"^{key}(\[0\])?\s+= (.*)$", line)
+        if m:
+            return m.group(2).strip()
+    return None
+
+
+def wait_config(lab, key: str, want: str, timeout: float = 30):
+    wait_until(lambda: show_config(lab, key) == want, timeout=timeout, what=f"{key} = {want}")
+
+
+class InstalledRepairLab(RepairLab):
+    """RepairLab whose repair.yml is the installed collection's (by FQCN, from the site's project)."""
+
+    def __init__(self, lab, tmp: Path, installed):
+        super().__init__(lab, tmp)
+        self.installed = installed
+
+    def _envvars(self):
+        env = super()._envvars()
+        env.update(self.installed.ansible_env)
+        return env
+
+    def run(self, **kw):
+        pdd = self._private()
+        (pdd / "project").mkdir()
+        (pdd / "project" / "repair.yml").write_text(yaml.safe_dump(
+            [{"name": "repair", "ansible.builtin.import_playbook": "gpufleet.reliability.repair"}]))
+        r = ansible_runner.run(private_data_dir=str(pdd), playbook="repair.yml", extravars=self.extravars(**kw),
+                               envvars=self._envvars(), quiet=True, timeout=600)
+        artifacts = {}
+        for event in r.events:
+            if event.get("event") == "playbook_on_stats":
+                artifacts = event.get("event_data", {}).get("artifact_data") or {}
+        assert r.rc == 0, f"repair failed rc={r.rc}\n{r.stdout.read()[-6000:]}"
+        return r, artifacts
+
+
+def harden(installed, tmp: Path, extravars: dict, cmdline: str = ""):
+    """harden_slurm.yml of the installed collection, run from the site's project; returns (runner, tasks)."""
+    n = len(list(tmp.glob("harden-*")))
+    pdd = tmp / f"harden-{n}"
+    (pdd / "project").mkdir(parents=True)
+    (pdd / "project" / "play.yml").write_text(yaml.safe_dump(
+        [{"name": "harden", "ansible.builtin.import_playbook": "gpufleet.reliability.harden_slurm"}]))
+    env = dict(installed.ansible_env)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"]
+    r = ansible_runner.run(
+        private_data_dir=str(pdd), playbook="play.yml", quiet=True, cmdline=cmdline, envvars=env,
+        inventory={"all": {"hosts": {"localhost": {"ansible_connection": "local",
+                                                   "ansible_python_interpreter": sys.executable}}}},
+        extravars={"gpufleet_slurm_hosts": "localhost", "gpufleet_slurm_become": False, **extravars})
+    tasks = {}
+    for event in r.events:
+        if event["event"] in ("runner_on_ok", "runner_on_failed", "runner_on_skipped"):
+            data = event["event_data"]
+            res = dict(data.get("res") or {})
+            res["_event"] = event["event"]
+            tasks.setdefault(data["task"], []).append(res)
+    return r, tasks
+
+
+def changed(r) -> int:
+    return sum((r.stats or {}).get("changed", {}).values())
+
+
+def test_nhc_and_the_agent_both_drain_and_repair_leaves_nhc_alone(lab, tmp_path, installed_collection,
+                                                                   monkeypatch):
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    n_nhc, n_gpu = lab.nodes[1], lab.nodes[2]
+    others = [n for n in lab.nodes if n not in (n_nhc, n_gpu)]
+    original = lab.conf.read_bytes()
+    work = lab.dir / "nhc-coexist"  # inside the lab dir: the daemons see it in both lanes
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    rl = InstalledRepairLab(lab, tmp_path / "repair", installed_collection)
+    try:
+        # --- the site as it was: NHC is the HealthCheckProgram, and it drains the node whose check fails
+        nhc = install_nhc(work, lab, n_nhc)
+        set_conf_line(lab.conf, "HealthCheckProgram", str(nhc))
+        site_conf = lab.conf.read_bytes()
+        lab.run("scontrol", "reconfigure")
+        wait_config(lab, "HealthCheckProgram", str(nhc))
+        state, reason = lab.wait_for(n_nhc, lambda sr: sr[0] in ("drained", "draining")
+                                     and sr[1].startswith("NHC:"), timeout=60)
+        assert f"no-such-file-on-{n_nhc}" in reason, reason
+        rl.install()  # the gpufleet agent (real, on replayed GPUs) is what the lab's own health check runs
+
+        # --- the role, as a site runs it: --check --diff first (nothing written), then for real, then again
+        ours = str(lab.dir / "bin" / "healthcheck")
+        extravars = {
+            "slurm_reliability_slurm_conf": str(lab.conf),
+            "slurm_reliability_gres_conf": str(work / "gres.conf"),
+            "slurm_reliability_cgroup_conf": str(work / "cgroup.conf"),
+            "slurm_reliability_script_dir": str(work / "libexec"),
+            "slurm_reliability_epilog_dir": str(work / "epilog.d"),
+            "slurm_reliability_unkillable_step_log": str(work / "unkillable.log"),
+            "slurm_reliability_reboot_program": str(lab.dir / "bin" / "fake-reboot"),
+            "slurm_reliability_healthcheck_interval": 5,
+            "slurm_reliability_slurmd_timeout": 30,
+            "slurm_reliability_resume_timeout": 60,
+            "slurm_reliability_manage_gres": False,
+            "slurm_reliability_backup": False,
+            "gpufleet_slurm_healthcheck_program": ours,
+        }
+        chain = work / "libexec" / "gpufleet-healthcheck-chain"
+        r, tasks = harden(installed_collection, tmp_path, extravars, cmdline="--check --diff")
+        assert r.status == "successful", tasks
+        diff = tasks["Apply the reliability profile to slurm.conf (or to the file slurm.conf includes)"][0]["diff"]
+        assert f"\nHealthCheckProgram={nhc}\n" in diff["before"], diff
+        assert f"\nHealthCheckProgram={chain}\n" in diff["after"], diff
+        assert lab.conf.read_bytes() == site_conf and not chain.exists()
+
+        r, tasks = harden(installed_collection, tmp_path, extravars)
+        assert r.status == "successful", tasks
+        assert f"# gpufleet-chained-program: {nhc}\n" in chain.read_text()
+        site_epilog = work / "epilog.d" / "00-site-epilog"
+        assert site_epilog.is_symlink() and os.readlink(site_epilog) == str(lab.dir / "bin" / "epilog")
+        wait_config(lab, "HealthCheckProgram", str(chain))
+        assert show_config(lab, "Epilog") == f"{work}/epilog.d/*"
+        r2, tasks2 = harden(installed_collection, tmp_path, extravars)
+        assert r2.status == "successful" and changed(r2) == 0, tasks2
+
+        # --- after the role: NHC still drains (its node resumed by hand comes back drained, by NHC) ...
+        lab.run("scontrol", "update", f"NodeName={n_nhc}", "State=RESUME")
+        calls_before = (work / "nhc" / "log" / "nhc.log").read_text().count("Health check failed")
+        wait_until(lambda: (work / "nhc" / "log" / "nhc.log").read_text().count("Health check failed") > calls_before,
+                   timeout=60, what="NHC running again through the chain")
+        state, reason = lab.wait_for(n_nhc, lambda sr: sr[0] in ("drained", "draining")
+                                     and sr[1].startswith("NHC:"), timeout=60)
+        # ... and so does the gpufleet agent, with its own reason, on another node
+        rl.inject(n_gpu, "xid48", "reset_gpu")
+        state, reason = rl.drained_by_agent(n_gpu, timeout=90)
+        assert reason.startswith("gpufleet: xid48"), reason
+        # NHC passes on the agent's node and, seeing a drain that is not its own, leaves it alone
+        log = work / "nhc" / "log" / "nhc.log"
+        wait_until(lambda: f"Not onlining {n_gpu}:  Down for non-NHC reason (gpufleet:" in log.read_text(),
+                   timeout=60, what="NHC leaving the agent's drain alone")
+        assert lab.node_states()[n_gpu][1].startswith("gpufleet:")
+        assert lab.node_states()[n_nhc][1].startswith("NHC:")
+        for n in others:
+            assert lab.node_states()[n][0] == "idle", lab.node_states()
+
+        # --- the repair playbook repairs the agent's node and never touches NHC's
+        runs = rl.until(lambda: lab.node_states()[n_gpu][0] == "idle", runs=5)
+        for art in runs:
+            held = {d["node"]: d for d in art["gpufleet_repair_plan"]["decisions"]}.get(n_nhc)
+            assert held is None or (held["action"], held["rule"]) == ("hold", "not_ours"), held
+        assert [ln for ln in rl.resets() if f" {n_gpu} " in ln], rl.resets()
+        assert not [ln for ln in rl.resets() + rl.reboots() if n_nhc in ln], (rl.resets(), rl.reboots())
+        state, reason = lab.node_states()[n_nhc]
+        assert state in ("drained", "draining") and reason.startswith("NHC:"), (state, reason)
+        assert rl.history(n_nhc) == {}
+    finally:
+        rl.uninstall()
+        for p in (lab.dir / "faults").glob("*"):
+            p.unlink()
+        lab.run("scontrol", "update", f"NodeName={','.join(lab.nodes)}", "Extra=", check=False)
+        lab.conf.write_bytes(original)
+        lab.run("scontrol", "reconfigure", check=False)
+        wait_config(lab, "HealthCheckProgram", str(lab.dir / "bin" / "healthcheck"))
+        shutil.rmtree(work, ignore_errors=True)
+        lab.reset()
