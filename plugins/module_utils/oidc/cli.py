@@ -20,6 +20,7 @@ from typing import List, Optional
 
 from .config import load_config
 from .core import Authenticator
+from .device import MAX_URI, MAX_USER_CODE, display_text
 from .errors import DeviceFlowError, OIDCError
 from .slurm import fetch_jwks, normalise_jwks_for_slurm, write_jwks
 
@@ -98,8 +99,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.cmd == "device":
             dg = auth.device_grant()
             grant = dg.start()
-            url = grant.get("verification_uri_complete") or grant["verification_uri"]
-            _err(f"Open {url} and confirm the code {grant['user_code']}")
+            url = display_text(grant.get("verification_uri_complete") or grant["verification_uri"], MAX_URI)
+            _err(f"Open {url} and confirm the code {display_text(grant['user_code'], MAX_USER_CODE)}")
             resp = dg.poll(grant, cfg.device_timeout, first_delay=grant["interval"])
             token = auth.token_from_response(resp)
             if not isinstance(token, str) or not token:

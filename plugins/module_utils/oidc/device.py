@@ -6,9 +6,16 @@ authlib builds the token request body, does client authentication (basic / post 
 turns error responses into ``OAuth2Error``; the transport is :class:`http.UrllibSession`.
 Polling honours ``interval`` (default 5 s, RFC 8628 section 3.2), adds 5 s on ``slow_down``
 (section 3.5) and stops at the earlier of the code's ``expires_in`` and our own deadline.
+
+Everything the IdP says ends up on the user's terminal (through sshd and PAM) or in a log, so a hostile or
+compromised IdP is assumed: ``verification_uri`` and ``verification_uri_complete`` must be plain printable
+ASCII, https (plain http only to loopback) and on the issuer's origin, else the response is refused;
+``user_code`` and ``message`` lose escape sequences and control characters and are bounded in length
+(:func:`display_text`); the endpoints come from a discovery document whose origin was checked (jwks.py).
 """
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, Callable, Dict, Optional
 
@@ -28,16 +35,48 @@ except ImportError as _e:  # pragma: no cover - exercised by ansible-test import
     DEVICE_CODE_GRANT_TYPE = "urn:ietf:params:oauth:grant-type:device_code"
 
 
+#: ESC/CSI sequences (CSI ... final byte, OSC ... BEL or ST, two-byte ESC x) and the 8-bit CSI/OSC introducers.
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -~]?"
+                      r"|\x9b[0-?]*[ -/]*[@-~]|\x9d[^\x07\x1b\x9c]*[\x07\x9c]?")
+MAX_USER_CODE = 64
+MAX_URI = 512
+MAX_MESSAGE = 300
+
+
+def display_text(text: Any, limit: int = MAX_MESSAGE) -> str:
+    """IdP-supplied text made safe for a terminal: escape sequences removed whole, then every character that is
+    not printable (C0/C1 controls, DEL, bidi and other format characters, line separators) dropped, then cut to
+    ``limit`` characters."""
+    text = _ESCAPES.sub("", str(text)[: limit * 8])
+    return "".join(c for c in text if c.isprintable())[:limit]
+
+
+def _plain_url(body: Dict[str, Any], key: str, origin: Optional[str]) -> str:
+    v = body.get(key)
+    if not isinstance(v, str) or len(v) > MAX_URI or not re.fullmatch(r"[\x21-\x7e]+", v) or not http.is_secure_url(v):
+        raise DeviceFlowError(f"device authorization response: {key} is not a plain https URL of at most "
+                              f"{MAX_URI} characters: {ascii(v)[:80]}")
+    if origin is not None:
+        try:
+            http.require_same_origin(v, origin, key)
+        except IdPUnavailable as e:
+            raise DeviceFlowError(f"device authorization response: {e.reason}")
+    return v
+
+
 class DeviceGrant:
     def __init__(self, metadata: Dict[str, Any], client_id: str, client_secret: Optional[str] = None,
                  scope: str = "openid", resource: Optional[str] = None, http_timeout: float = 5.0,
-                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic):
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
+                 issuer: Optional[str] = None):
         if not HAS_AUTHLIB:
             raise DeviceFlowError(f"authlib is required for the device grant: {AUTHLIB_IMPORT_ERROR}")
         for k in ("device_authorization_endpoint", "token_endpoint"):
             if not isinstance(metadata.get(k), str):
                 raise DeviceFlowError(f"the IdP does not advertise {k} (device grant unsupported)")
         self.meta = metadata
+        #: verification URIs must stay on this origin (the issuer's); None: only the https rule
+        self.issuer = issuer
         self.resource = resource
         self.sleep = sleep
         self.clock = clock
@@ -63,11 +102,21 @@ class DeviceGrant:
             raise IdPUnavailable(f"device authorization: HTTP {resp.status_code}, no JSON body")
         if "error" in body:
             # e.g. Entra AADSTS50199/53003 when Conditional Access blocks the device code flow
-            raise DeviceFlowError(f"device authorization refused: {body.get('error')}: "
-                                  f"{str(body.get('error_description', ''))[:160]}")
+            raise DeviceFlowError(f"device authorization refused: {display_text(body.get('error'), 60)}: "
+                                  f"{display_text(body.get('error_description', ''), 160)}")
         for k in ("device_code", "user_code", "verification_uri"):
-            if not isinstance(body.get(k), str):
+            if not isinstance(body.get(k), str) or not body[k]:
                 raise DeviceFlowError(f"device authorization response lacks {k}")
+        _plain_url(body, "verification_uri", self.issuer)
+        if body.get("verification_uri_complete") is not None:
+            _plain_url(body, "verification_uri_complete", self.issuer)
+        code = display_text(body["user_code"], MAX_USER_CODE + 1)
+        if not code or len(code) > MAX_USER_CODE:
+            raise DeviceFlowError(f"device authorization response: user_code is empty or longer than "
+                                  f"{MAX_USER_CODE} characters")
+        body["user_code"] = code
+        if "message" in body:
+            body["message"] = display_text(body["message"])
         iv = body.get("interval", 5)
         body["interval"] = iv if isinstance(iv, (int, float)) and not isinstance(iv, bool) and iv > 0 else 5
         ex = body.get("expires_in", 600)
@@ -105,7 +154,7 @@ class DeviceGrant:
                     raise DeviceFlowError("device login denied by the user")
                 if err == "expired_token":
                     raise DeviceFlowError("device code expired before approval")
-                raise DeviceFlowError(f"device grant failed: {err}")
+                raise DeviceFlowError(f"device grant failed: {display_text(err, 60)}")
             except http.HTTPStatusError as e:
                 raise IdPUnavailable(f"token endpoint error: HTTP {e.status}")
             except ValueError as e:

@@ -43,6 +43,18 @@ ALG_KTY = {
 }
 
 
+#: Discovery endpoints this package uses; each must stay on the issuer's origin (transport.require_same_origin).
+USED_ENDPOINTS = ("jwks_uri", "token_endpoint", "device_authorization_endpoint")
+
+
+def check_endpoints(meta: Dict[str, Any], issuer: str) -> Dict[str, Any]:
+    """Refuse a discovery document whose endpoints (the ones used here) leave the issuer's scheme, host or port."""
+    for k in USED_ENDPOINTS:
+        if meta.get(k) is not None:
+            http.require_same_origin(meta[k], issuer, f"discovery {k}")
+    return meta
+
+
 def public_keys_only(jwks: Any) -> List[Dict[str, Any]]:
     """Keep signature keys of type RSA/EC/OKP, drop private parts; never accept ``oct`` keys."""
     if not isinstance(jwks, dict) or not isinstance(jwks.get("keys"), list):
@@ -243,8 +255,8 @@ class JWKSCache:
             raise IdPUnavailable("discovery document is not a JSON object")
         # OIDC Discovery 1.0 section 4.3: the document's issuer must be exactly ours.
         if meta.get("issuer") != self.issuer:
-            raise IdPUnavailable(f"discovery issuer {meta.get('issuer')!r} != configured {self.issuer!r}")
-        return meta
+            raise IdPUnavailable(f"discovery issuer {ascii(meta.get('issuer'))[:100]} != configured {self.issuer!r}")
+        return check_endpoints(meta, self.issuer)
 
     def _fetch_all(self, old: Optional[Dict[str, Any]]) -> Dict[str, Any]:
         now = self.clock()
@@ -257,6 +269,8 @@ class JWKSCache:
         if not isinstance(uri, str) or not uri:
             raise IdPUnavailable("discovery document has no jwks_uri")
         http.require_secure_url(uri, "jwks_uri")
+        if not self.jwks_uri_override:
+            http.require_same_origin(uri, self.issuer, "discovery jwks_uri")
         self.fetches += 1
         keys = public_keys_only(http.get_json(uri, timeout=self.http_timeout))
         return {"issuer": self.issuer, "metadata": meta, "metadata_fetched_at": meta_at, "keys": keys,
@@ -276,7 +290,7 @@ class JWKSCache:
         """The discovery document (cached like the keys)."""
         st = self.get_state()
         if st.get("metadata"):
-            return st["metadata"]
+            return check_endpoints(st["metadata"], self.issuer)
         return self.fetch_metadata()
 
     def get_state(self, force: bool = False) -> Dict[str, Any]:

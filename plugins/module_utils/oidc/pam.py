@@ -20,6 +20,7 @@ from typing import Any, Dict, List
 
 from .config import load_config
 from .core import Authenticator, file_logger
+from .device import MAX_URI, MAX_USER_CODE, display_text
 from .errors import OIDCError
 
 TOKEN_PROMPT = "OIDC access token: "
@@ -33,15 +34,11 @@ def parse_args(argv: List[str]) -> Dict[str, str]:
     return out
 
 
-def _printable(text: Any, limit: int = 300) -> str:
-    """IdP-supplied text goes into the user's terminal: no control characters, bounded length."""
-    return "".join(c for c in str(text) if c.isprintable() and c not in "\x1b")[:limit]
-
-
 def device_prompt(user: str, grant: Dict[str, Any]) -> str:
-    url = _printable(grant.get("verification_uri_complete") or grant["verification_uri"])
+    """IdP-supplied text goes into the user's terminal: DeviceGrant.start checked it; cleaned again here."""
+    url = display_text(grant.get("verification_uri_complete") or grant["verification_uri"], MAX_URI)
     return (f"To log in as {user}, open {url}\n"
-            f"and confirm the code {_printable(grant['user_code'], 40)}.\n"
+            f"and confirm the code {display_text(grant['user_code'], MAX_USER_CODE)}.\n"
             "Press Enter here after you have approved: ")
 
 

@@ -42,6 +42,27 @@ def is_secure_url(url: Any) -> bool:
     return isinstance(url, str) and (url.startswith("https://") or bool(_LOOPBACK_HTTP.match(url)))
 
 
+def _origin(url: str):
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme.lower(), parts.hostname, parts.port or {"https": 443, "http": 80}.get(parts.scheme.lower())
+
+
+def require_same_origin(url: Any, base: str, what: str) -> str:
+    """Return ``url`` if it is a plain-ASCII :func:`is_secure_url` on the same scheme, host and port as ``base``
+    (the issuer), else raise :class:`IdPUnavailable`: a hostile discovery document must not send client secrets,
+    device codes or key fetches to another host, or from an https issuer to a loopback port any local user can
+    listen on."""
+    ok = isinstance(url, str) and len(url) <= 2048 and bool(re.fullmatch(r"[\x21-\x7e]+", url)) and is_secure_url(url)
+    try:
+        ok = ok and _origin(url) == _origin(base)
+    except ValueError:  # a port that is not a number
+        ok = False
+    if not ok:
+        raise IdPUnavailable(f"{what} {ascii(url)[:100]} leaves the issuer's origin {ascii(base)[:100]} (expected "
+                             "the same scheme, host and port)")
+    return url
+
+
 def require_secure_url(url: Any, what: str) -> str:
     """Return ``url`` if :func:`is_secure_url`, else raise :class:`IdPUnavailable` naming it and the rule."""
     if not is_secure_url(url):

@@ -147,7 +147,7 @@ def test_device_prompt_strips_control_characters():
 
     p = device_prompt("alice", {"verification_uri": "https://idp/device\x1b[2J\rfake: ", "user_code": "AB\x07CD"})
     assert "\x1b" not in p and "\r" not in p and "\x07" not in p
-    assert p.startswith("To log in as alice, open https://idp/device[2Jfake: ") and "code ABCD." in p
+    assert p.startswith("To log in as alice, open https://idp/devicefake: ") and "code ABCD." in p  # ESC [2J whole
     assert p.endswith("Press Enter here after you have approved: ")
 
 
