@@ -101,7 +101,9 @@ def _lines(data) -> Iterable[Line]:
     if isinstance(data, bytes):
         data = data.decode("utf-8", "replace")
     if isinstance(data, str):
-        return data.splitlines()
+        # records end at "\n" only: str.splitlines() also splits at \x1c-\x1e, \x85 and U+2028, which would let
+        # text inside one record (a process name) start a second, forged record
+        return data.split("\n")
     return data
 
 

@@ -360,7 +360,9 @@ _TEXT_ECC = {"SRAM Correctable": "sram_correctable", "SRAM Uncorrectable Parity"
              "SRAM Uncorrectable SEC-DED": "sram_uncorrectable_secded", "SRAM Uncorrectable": "sram_uncorrectable",
              "DRAM Correctable": "dram_correctable", "DRAM Uncorrectable": "dram_uncorrectable"}
 _GPU_HDR_RE = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$")
-_KV_RE = re.compile(r"^( *)(\S[^:]*?)\s*(?::\s?(.*))?$")
+# greedy key, stripped after the match: a lazy key followed by \s* and $ backtracked quadratically on a long
+# line without a colon (a 32 KiB line took seconds)
+_KV_RE = re.compile(r"^( *)(\S[^:]*)(?::\s?(.*))?$")
 _HANDLE_RE = re.compile(r"Unable to determine the device handle for GPU ?(?P<pci>[0-9A-Fa-f:.]+): (?P<err>.*)")
 
 

@@ -1,0 +1,68 @@
+"""Regressions found by the fuzz campaign (tests/fuzz): kmsg parser and the nvidia-smi text reader.
+
+Each input is the minimal one the campaign found; each test fails on the code before its fix.
+"""
+from __future__ import annotations
+
+import signal
+from contextlib import contextmanager
+
+from ansible_collections.gpufleet.reliability.plugins.module_utils.health import parse_kmsg, read_nvidia_smi_text
+
+
+class _Deadline(Exception):
+    pass
+
+
+@contextmanager
+def deadline(seconds: float):
+    """Fail instead of hanging: the fixed parsers answer in milliseconds, the old ones took minutes."""
+    def fire(_signum, _frame):
+        raise _Deadline(f"no answer within {seconds} s")
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_kmsg_record_separator_does_not_forge_a_second_record():
+    # fuzz finding: str.splitlines() also splits at \x1c, \x85 and U+2028, so text inside one record (here a
+    # process name in an Xid 13 line) became a second record: a forged Xid 79 (GPU fallen off the bus)
+    for sep in ("\x1c", "\x85", "\u2028", "\x0b"):
+        text = ("NVRM: Xid (PCI:0000:38:00): 13, pid=4242, name=evil" + sep
+                + "NVRM: Xid (PCI:0000:38:00): 79, pid=1, name=x, GPU has fallen off the bus.\n")
+        events = parse_kmsg(text)
+        assert [e.xid for e in events] == [13], (repr(sep), [e.xid for e in events])
+        assert [e.xid for e in parse_kmsg(text.encode())] == [13]
+
+
+def test_kmsg_minimal_fuzz_input_is_one_record():
+    text = "NVRM: Xid (PCI:0000:38:00): 3\x1cNVRM: Xid (PCI:0000:38:00): 3"
+    assert len(parse_kmsg(text)) == len(parse_kmsg(text.encode().split(b"\n"))) == 1
+
+
+def test_kmsg_crlf_still_splits():
+    text = "NVRM: Xid (PCI:0000:38:00): 13, pid=1, name=a\r\nNVRM: Xid (PCI:0000:38:00): 31, pid=1, name=b\r\n"
+    assert [e.xid for e in parse_kmsg(text)] == [13, 31]
+
+
+def test_smi_text_long_line_without_colon_is_linear():
+    # fuzz finding: the key regex (lazy key, then \s*, then $) backtracked quadratically on a long line
+    # without ':' (a 32 KiB line took 4 s; this one took minutes)
+    text = ("GPU 00000000:19:00.0\n    Product Name                    : NVIDIA H100 80GB HBM3\n"
+            "    x" + " " * 300000 + "y\n")
+    with deadline(30):
+        snap = read_nvidia_smi_text(text)
+    assert len(snap.gpus) == 1
+    assert snap.gpus[0].name == "NVIDIA H100 80GB HBM3"
+
+
+def test_smi_text_key_value_split_unchanged():
+    text = ("GPU 00000000:19:00.0\n    Product Name                    : NVIDIA H100 80GB HBM3\n"
+            "    Serial Number   :   1650000000000  \n    Temperature\n        GPU Current Temp  : 35 C\n")
+    g = read_nvidia_smi_text(text).gpus[0]
+    assert (g.name, g.temperature) == ("NVIDIA H100 80GB HBM3", 35)
+    assert g.serial and g.serial.strip() == "1650000000000"
