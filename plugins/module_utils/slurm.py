@@ -148,7 +148,7 @@ def _num(value):
         return None
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: JSON Infinity
         return None
 
 
@@ -263,11 +263,14 @@ def parse_nodes_json(text):
     """Nodes from any supported JSON shape -> {name: Node}. Raises SlurmError(kind='parse')."""
     try:
         data = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply for the decoder
         raise SlurmError(f"cannot parse Slurm JSON output: {exc}", stdout=text[:2000], kind="parse")
     if not isinstance(data, dict):
         raise SlurmError("Slurm JSON output is not an object", stdout=text[:2000], kind="parse")
-    errors = [e for e in data.get("errors") or [] if e]
+    errors = data.get("errors") or []
+    if not isinstance(errors, list):
+        raise SlurmError("unexpected Slurm JSON shape (errors is not a list)", stdout=text[:2000], kind="parse")
+    errors = [e for e in errors if e]
     try:
         if "nodes" in data and isinstance(data["nodes"], list):
             nodes = {}
@@ -350,7 +353,8 @@ def parse_nodes_text(text):
 
 def parse_version(text):
     """'slurm-wlm 22.05.8' / 'slurm 24.11.5' -> (22, 5, 8)."""
-    m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text or "")
+    # bounded digit runs that start a run: linear time on a long string of digits (unbounded \d+ is quadratic)
+    m = re.search(r"(?<!\d)(\d{1,6})\.(\d{1,6})(?:\.(\d{1,6}))?", (text or "")[:4096])
     if not m:
         raise SlurmError(f"cannot parse Slurm version from {text!r}", stdout=text, kind="parse")
     return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
