@@ -22,6 +22,7 @@ import signal
 import time
 from typing import Any, Dict, List, Mapping, Optional
 
+from . import safeyaml
 from .health.model import (
     PROBE_FAILED,
     PROBE_PARTIAL,
@@ -250,16 +251,14 @@ def _load_config(spec) -> Dict[str, Any]:
     with open(path, encoding="utf-8") as fh:
         text = fh.read()
     if path.endswith((".yml", ".yaml")):
-        try:
-            import yaml
-        except ImportError:
-            raise ValueError(f"fake_nvml {path}: YAML needs PyYAML; use a .json file")
-        data = yaml.safe_load(text)
+        data = safeyaml.load(text, f"fake_nvml {path}")
     else:
         try:
             data = json.loads(text)
         except ValueError as exc:
             raise ValueError(f"fake_nvml {path}: not valid JSON: {exc}")
+        except RecursionError:
+            raise ValueError(f"fake_nvml {path}: nested too deeply")
     if not isinstance(data, dict):
         raise ValueError(f"fake_nvml {path}: expected a mapping at the top level")
     return data
@@ -422,6 +421,84 @@ _TOP_KEYS = {"driver_version", "cuda_version", "count", "devices", "device_defau
              "_comment", "_source"}
 
 
+# A replayed config is a file from outside (a capture, a bug report): every value is checked here, so a bad one
+# is a ValueError naming the field instead of a TypeError (or a 2**31-GPU allocation) in the middle of a probe.
+MAX_FAKE_GPUS = 256
+MAX_FAKE_RETIRED_PAGES = 4096
+_NUM_KEYS = {"ecc_volatile_sbe", "ecc_volatile_dbe", "ecc_aggregate_sbe", "ecc_aggregate_dbe", "temperature",
+             "power_usage_mw", "power_limit_mw", "power_default_mw", "utilization", "pcie_gen", "pcie_gen_max",
+             "pcie_width", "pcie_width_max", "pcie_replay", "persistence"}
+_OPT_NUM_KEYS = {"temp_slowdown", "temp_shutdown", "temp_margin", "recovery_action"}
+_STR_KEYS = {"name", "serial", "vbios", "uuid", "pci_bus_id"}
+_INT_LISTS = {"ecc_mode": 2, "mig": 2, "remapped_rows": 4}
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) < 2 ** 63
+
+
+def _is_int(v: Any, lo: int = 0, hi: int = 2 ** 63) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def _check_counts(v: Any, where: str, keys) -> None:
+    if v is None:
+        return
+    if not isinstance(v, Mapping):
+        raise ValueError(f"{where}: expected a mapping of {', '.join(keys)} to numbers")
+    for k in keys:
+        if k in v and not _is_int(v[k], 0, MAX_FAKE_RETIRED_PAGES):
+            raise ValueError(f"{where}.{k}: expected an integer 0..{MAX_FAKE_RETIRED_PAGES}, got {v[k]!r}")
+
+
+def _check_device(d: Mapping[str, Any], where: str) -> None:
+    """Type and range of every device value a probe reads (ValueError naming the field)."""
+    for key, value in d.items():
+        w = f"{where}.{key}"
+        if key in _NUM_KEYS or (key in _OPT_NUM_KEYS and value is not None):
+            if not _is_num(value):
+                raise ValueError(f"{w}: expected a number, got {value!r}")
+        elif key in _STR_KEYS:
+            if not isinstance(value, str):
+                raise ValueError(f"{w}: expected a string, got {value!r}")
+        elif key in _INT_LISTS and not (key == "remapped_rows" and value is None):
+            if (not isinstance(value, list) or len(value) != _INT_LISTS[key]
+                    or not all(_is_int(x, -(2 ** 63)) for x in value)):
+                raise ValueError(f"{w}: expected a list of {_INT_LISTS[key]} integers, got {value!r}")
+        elif key == "clocks_event_reasons":
+            names = dict(_REASON_NAMES)
+            if not _is_int(value) and not (isinstance(value, list) and all(n in names for n in value
+                                                                             if isinstance(n, str))
+                                           and all(isinstance(n, str) for n in value)):
+                raise ValueError(f"{w}: expected a bit mask or a list of {', '.join(names)}, got {value!r}")
+        elif key == "fabric":
+            _check_counts(value, w, ("state", "status"))
+        elif key == "retired_pages":
+            _check_counts(value, w, ("sbe", "dbe", "pending"))
+        elif key == "nvlinks":
+            if not _is_int(value, 0, 64):
+                raise ValueError(f"{w}: expected an integer 0..64, got {value!r}")
+        elif key in ("nvlink_down", "not_supported"):
+            kind = int if key == "nvlink_down" else str
+            if not isinstance(value, list) or not all(isinstance(x, kind) and not isinstance(x, bool) for x in value):
+                raise ValueError(f"{w}: expected a list of {'link numbers' if kind is int else 'NVML call names'}")
+        elif key == "nvlink_errors":
+            if not isinstance(value, Mapping):
+                raise ValueError(f"{w}: expected a mapping of link number to counters")
+            for link, counters in value.items():
+                if not isinstance(counters, Mapping) or not all(_is_int(c) for c in counters.values()):
+                    raise ValueError(f"{w}.{link}: expected a mapping of counter name to integer >= 0")
+        elif key in ("fail", "hang") and value is not None:
+            if not isinstance(value, Mapping):
+                raise ValueError(f"{w}: expected a mapping")
+            if key == "fail" and not isinstance(value.get("mode", "lost"), str):
+                raise ValueError(f"{w}.mode: expected lost, unknown, reset_required or an NVMLError_* name")
+            if key == "fail" and not _is_int(value.get("after_calls", 0)):
+                raise ValueError(f"{w}.after_calls: expected an integer >= 0, got {value.get('after_calls')!r}")
+            if key == "hang" and not _is_num(value.get("seconds", 0)):
+                raise ValueError(f"{w}.seconds: expected a number, got {value.get('seconds')!r}")
+
+
 class _Handle:
     def __init__(self, index: int):
         self.index = index
@@ -463,7 +540,7 @@ class FakeNvml:
             raise ValueError(f"the fake NVML raises pynvml's real error classes: install nvidia-ml-py "
                              f"({PYNVML_IMPORT_ERROR})")
         cfg = dict(config or {})
-        bad = sorted(set(cfg) - _TOP_KEYS)
+        bad = sorted(str(k) for k in set(cfg) - _TOP_KEYS)
         if bad:
             raise ValueError(f"fake_nvml: unknown key(s) {', '.join(bad)} (expected {', '.join(sorted(_TOP_KEYS))})")
         self.cfg = cfg
@@ -471,7 +548,7 @@ class FakeNvml:
         dd = cfg.get("device_defaults") or {}
         if not isinstance(dd, Mapping):
             raise ValueError("fake_nvml.device_defaults: expected a mapping")
-        bad = sorted(set(dd) - _DEVICE_KEYS)
+        bad = sorted(str(k) for k in set(dd) - _DEVICE_KEYS)
         if bad:
             raise ValueError(f"fake_nvml.device_defaults: unknown key(s) {', '.join(bad)}")
         defaults.update(dd)
@@ -479,8 +556,14 @@ class FakeNvml:
         if not isinstance(devices, list):
             raise ValueError("fake_nvml.devices: expected a list of device mappings")
         count = cfg.get("count", 8)
-        if not isinstance(count, int) or count < 0:
-            raise ValueError(f"fake_nvml.count: expected an integer >= 0, got {count!r}")
+        if not _is_int(count, 0, MAX_FAKE_GPUS):
+            raise ValueError(f"fake_nvml.count: expected an integer 0..{MAX_FAKE_GPUS}, got {count!r}")
+        if not _is_int(cfg.get("cuda_version", 0)):
+            raise ValueError(f"fake_nvml.cuda_version: expected an integer such as 13000, got {cfg['cuda_version']!r}")
+        for key in ("driver_version", "init_error"):
+            if cfg.get(key) is not None and not isinstance(cfg[key], str):
+                raise ValueError(f"fake_nvml.{key}: expected a string, got {cfg[key]!r}")
+        _check_device(defaults, "fake_nvml.device_defaults")
         self.devices: List[Dict[str, Any]] = []
         for i in range(count):
             d = dict(defaults)
@@ -490,12 +573,13 @@ class FakeNvml:
         for n, dev in enumerate(devices):
             if not isinstance(dev, Mapping):
                 raise ValueError(f"fake_nvml.devices[{n}]: expected a mapping")
-            bad = sorted(set(dev) - _DEVICE_KEYS)
+            bad = sorted(str(k) for k in set(dev) - _DEVICE_KEYS)
             if bad:
                 raise ValueError(f"fake_nvml.devices[{n}]: unknown key(s) {', '.join(bad)}")
             idx = dev.get("index", n)
             if not isinstance(idx, int) or not 0 <= idx < count:
                 raise ValueError(f"fake_nvml.devices[{n}].index: expected 0..{count - 1}, got {idx!r}")
+            _check_device({k: v for k, v in dev.items() if k != "index"}, f"fake_nvml.devices[{n}]")
             self.devices[idx].update({k: v for k, v in dev.items() if k != "index"})
         self.calls = [0] * count
         self.initialized = False

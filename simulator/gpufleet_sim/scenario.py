@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-import yaml
+from ansible_collections.gpufleet.reliability.plugins.module_utils import safeyaml
 
 from .dists import SpecError, parse_duration
 from .policies import resolve
@@ -332,15 +332,16 @@ def _false_positive(d: dict, path: str) -> dict:
 def load(path: str | Path) -> dict:
     p = Path(path)
     try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+        text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SpecError(f"{p}: scenario file not found")
     except UnicodeDecodeError as e:
         raise SpecError(f"{p}: not UTF-8 text (byte {e.start}: {e.reason})")
-    except RecursionError:
-        raise SpecError(f"{p}: not valid YAML: nested too deeply")
-    except yaml.YAMLError as e:
-        raise SpecError(f"{p}: not valid YAML: {e}")
+    try:
+        # no hang on deep [[[[ nesting, no crash on too deep or too long input (a ValueError naming the file)
+        raw = safeyaml.load(text, str(p))
+    except ValueError as e:
+        raise SpecError(str(e))
     return validate(raw, source=p.name)
 
 

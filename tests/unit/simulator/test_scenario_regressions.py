@@ -1,0 +1,52 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Scenario loader regressions found by the fuzz campaign (tests/fuzz): one clear SpecError line each."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpufleet_sim import scenario
+from gpufleet_sim.dists import SpecError
+
+DALY = Path(__file__).resolve().parents[3] / "simulator" / "scenarios" / "daly.yaml"
+
+
+def _load(tmp_path, data: bytes):
+    p = tmp_path / "s.yaml"
+    p.write_bytes(data)
+    with pytest.raises(SpecError) as exc:
+        scenario.load(p)
+    msg = str(exc.value)
+    assert "\n" not in msg.split("not valid YAML:")[0]
+    return msg
+
+
+def test_not_utf8(tmp_path):
+    # was UnicodeDecodeError
+    assert "not UTF-8" in _load(tmp_path, b"\xaf")
+
+
+def test_deep_nesting(tmp_path):
+    # was RecursionError (and seconds of quadratic scanning for 5000 levels)
+    assert "not valid YAML" in _load(tmp_path, b"a: " + b"{a: " * 5000)
+    assert "not valid YAML" in _load(tmp_path, b"a: " + b"[" * 100000)
+
+
+def test_integer_too_long(tmp_path):
+    # was ValueError: Exceeds the limit (4300 digits) for integer string conversion
+    assert "not valid YAML" in _load(tmp_path, b"seeds: " + b"2" * 5000 + b"\n")
+
+
+def test_repair_action_not_a_mapping_names_the_field(tmp_path):
+    # was ValueError: dictionary update sequence element #0 has length 1; 2 is required
+    raw = yaml.safe_load(DALY.read_text())
+    raw["repair"]["actions"] = {"reboot": ["x"]}
+    msg = _load(tmp_path, yaml.safe_dump(raw).encode())
+    assert "repair.actions.reboot" in msg and "mapping" in msg
+
+
+def test_genuine_scenario_still_loads():
+    assert scenario.load(DALY)["jobs"][0]["name"] == "solver"
