@@ -4,7 +4,7 @@
 
 Input ``i`` of a target is a pure function of (target name, campaign seed, i): stacked random mutations of
 one genuine input (tests/fixtures and friends), so any finding is reproduced from its index alone, and the
-minimal input is written next to the table. Each input runs under a per-input deadline (SIGALRM), with
+minimal input is written next to the table. Each input runs under a per-input CPU-time deadline, with
 tracemalloc watching the peak allocated memory of that one input; the whole process runs under an address-space
 limit (RLIMIT_AS) so that an allocation storm ends as a MemoryError (a finding), never as a dead machine.
 
@@ -22,8 +22,8 @@ import random
 import signal
 import sys
 import time
-import tracemalloc
 import traceback
+import tracemalloc
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -43,8 +43,8 @@ GENERIC = [b"\x00", b"\n", b"\r\n", b"\r", b"\t", b" ", b"\xff", b"\xfe\xff", b"
 
 
 class Hang(BaseException):
-    """Raised by the SIGALRM handler when one input runs past its deadline (BaseException: never caught
-    by a parser's ``except Exception``)."""
+    """Raised by the SIGVTALRM handler when one input uses more CPU time than its deadline (BaseException: never
+    caught by a parser's ``except Exception``). CPU time, not wall time: a busy shared machine is no hang."""
 
 
 @dataclass
@@ -173,7 +173,10 @@ def make_input(target: Target, seed: int, index: int) -> bytes:
     if index < len(target.seeds):
         return target.seeds[index]  # the genuine inputs themselves first: controls
     if target.structured is not None and rng.random() < 0.5:
-        data = target.structured(rng, base)
+        try:
+            data = target.structured(rng, base)
+        except Exception:  # noqa: BLE001 - the harness could not write that tree back: mutate the bytes instead
+            return mutate(rng, base, target, 2)
         if rng.random() < 0.3:
             data = mutate(rng, data, target, rng.randrange(1, 3))
         return data[: target.max_len]
@@ -208,7 +211,7 @@ def classify(target: Target, data: bytes, deadline_s: float, mem_limit: int,
     measures the input's peak allocation (it slows a parser four- to fivefold, so the campaign samples)."""
     if trace:
         tracemalloc.start(1)
-    signal.setitimer(signal.ITIMER_REAL, deadline_s)
+    signal.setitimer(signal.ITIMER_VIRTUAL, deadline_s)
     try:
         target.run(data)
     except Hang:
@@ -226,7 +229,7 @@ def classify(target: Target, data: bytes, deadline_s: float, mem_limit: int,
         where = _where(exc.__traceback__)
         return "crash", f"{type(exc).__name__}@{where}", f"{type(exc).__name__}: {str(exc)[:200]}", where
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
         if trace:
             peak = tracemalloc.get_traced_memory()[1]
             tracemalloc.stop()
@@ -274,17 +277,20 @@ def limit_address_space(extra_mib: int) -> None:
 
 def run_target(target: Target, n: int, seed: int = 0, deadline_s: float = 2.0, mem_limit_mib: int = 64,
                start: int = 0, progress: Optional[Callable[[int], None]] = None,
-               minimize_budget_s: float = 20.0, mem_every: int = 64) -> Result:
+               minimize_budget_s: float = 20.0, mem_every: int = 64, budget_s: float = 0.0) -> Result:
     """Feed ``n`` inputs (indexes start..start+n-1) to ``target``; returns the counts and unique findings.
-    Every ``mem_every``-th input (and every genuine seed) runs under tracemalloc against ``mem_limit_mib``."""
+    Every ``mem_every``-th input (and every genuine seed) runs under tracemalloc against ``mem_limit_mib``.
+    ``budget_s`` > 0 stops the run after that many seconds (the inputs fed so far are what the result counts)."""
     if target.setup is not None:
         target.setup()
     res = Result(target.name)
     mem_limit = mem_limit_mib * 1024 * 1024
-    old = signal.signal(signal.SIGALRM, _alarm)
+    old = signal.signal(signal.SIGVTALRM, _alarm)
     t0 = time.perf_counter()
     try:
         for i in range(start, start + n):
+            if budget_s and time.perf_counter() - t0 > budget_s:
+                break
             if progress is not None:
                 progress(i)
             data = make_input(target, seed, i)
@@ -303,7 +309,7 @@ def run_target(target: Target, n: int, seed: int = 0, deadline_s: float = 2.0, m
             res.findings[sig] = Finding(target.name, kind, sig, i, err, small, where, minimized=True)
     finally:
         res.seconds = time.perf_counter() - t0
-        signal.signal(signal.SIGALRM, old)
+        signal.signal(signal.SIGVTALRM, old)
     return res
 
 

@@ -2,8 +2,9 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Run the fuzz campaign: every parser in turn, each in its own child process, then print the table.
 
-Environment: FUZZ_N inputs per parser (default 100000), FUZZ_SEED campaign seed (0), FUZZ_DEADLINE seconds per
-input (2), FUZZ_MEM_MIB peak memory one input may allocate (64), FUZZ_AS_MIB address space a child may add (1024),
+Environment: FUZZ_N inputs per parser (default 100000), FUZZ_SEED campaign seed (0), FUZZ_DEADLINE CPU seconds per
+input (2), FUZZ_BUDGET_S seconds per parser after which it stops early (0: none), FUZZ_MEM_MIB peak memory one
+input may allocate (64), FUZZ_AS_MIB address space a child may add (1024),
 FUZZ_ONLY comma-separated parts of parser names to run, FUZZ_OUT folder for the findings (out/fuzz).
 Exit status 1 when anything was found. A child that stops making progress (a hang the per-input alarm could not
 interrupt) or dies is killed, the input it was on is recorded as a finding, and the run goes on after it.
@@ -23,20 +24,23 @@ import engine  # noqa: E402
 import targets  # noqa: E402
 
 
-def _child(make, n, start, seed, deadline, mem_mib, as_mib, index, conn):
+def _child(make, n, start, seed, deadline, mem_mib, as_mib, budget_s, index, conn):
     engine.limit_address_space(as_mib)
     target = make()
+    parent = os.getppid()
 
     def progress(i):
         index.value = i
+        if i % 1000 == 0 and os.getppid() != parent:
+            os._exit(3)  # the driver is gone: stop
 
     res = engine.run_target(target, n, seed=seed, deadline_s=deadline, mem_limit_mib=mem_mib, start=start,
-                            progress=progress)
+                            progress=progress, budget_s=budget_s)
     conn.send(res)
     conn.close()
 
 
-def run_one(make, n, seed, deadline, mem_mib, as_mib, stall_s):
+def run_one(make, n, seed, deadline, mem_mib, as_mib, stall_s, budget_s=0.0):
     """Run ``make()``'s target for n inputs in child processes; returns an engine.Result."""
     ctx = mp.get_context("fork")
     total = engine.Result(make.__name__)
@@ -44,8 +48,9 @@ def run_one(make, n, seed, deadline, mem_mib, as_mib, stall_s):
     while start < end:
         index = ctx.Value("q", start, lock=False)
         parent, child = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_child, args=(make, end - start, start, seed, deadline, mem_mib, as_mib, index,
-                                                child))
+        left = max(1.0, budget_s - total.seconds) if budget_s else 0.0
+        proc = ctx.Process(target=_child, args=(make, end - start, start, seed, deadline, mem_mib, as_mib, left,
+                                                index, child))
         t0 = time.perf_counter()
         proc.start()
         child.close()
@@ -100,6 +105,7 @@ def main() -> int:
     deadline = float(os.environ.get("FUZZ_DEADLINE", "2"))
     mem_mib = engine.env_int("FUZZ_MEM_MIB", 64)
     as_mib = engine.env_int("FUZZ_AS_MIB", 1024)
+    budget_s = float(os.environ.get("FUZZ_BUDGET_S", "0"))
     only = [s.strip().lower() for s in os.environ.get("FUZZ_ONLY", "").split(",") if s.strip()]
     out = Path(os.environ.get("FUZZ_OUT", str(engine.REPO / "out" / "fuzz")))
     out.mkdir(parents=True, exist_ok=True)
@@ -108,8 +114,10 @@ def main() -> int:
         if only and not any(o in make.__name__.lower() for o in only):
             continue
         engine.stderr(f"fuzz: {make.__name__} ({n} inputs, seed {seed})")
-        res = run_one(make, n, seed, deadline, mem_mib, as_mib, stall_s=max(30.0, 10 * deadline))
+        res = run_one(make, n, seed, deadline, mem_mib, as_mib, stall_s=max(120.0, 30 * deadline),
+                      budget_s=budget_s)
         rows.append(res)
+        engine.stderr(f"  {res.target}: {res.inputs} inputs, {res.seconds:.1f} s, {len(res.findings)} findings")
         for f in res.findings.values():
             fid = engine.finding_id(f)
             path = out / f"{fid}.bin"

@@ -91,12 +91,13 @@ def kmsg_target() -> Target:
 
     seeds: List[bytes] = []
     for p in fixtures("gpu/*.log"):
-        seeds.extend(_lines_of(read(p), 2048))
+        seeds.extend(_lines_of(read(p), 1024))
 
     def run(data: bytes) -> None:
         events = kp.parse_kmsg(_text(data))
-        events_b = kp.parse_kmsg(data.splitlines())
-        assert len(events) == len(events_b), "str and bytes-lines input give different event counts"
+        if len(data) % 4 == 0:  # a quarter of the inputs: the same text as bytes lines gives the same records
+            events_b = kp.parse_kmsg(data.split(b"\n"))
+            assert len(events) == len(events_b), "str and bytes-lines input give different event counts"
         for ev in events:
             kp.recovery_action_of(ev)
             kp.gpc_tpc_of(ev)
@@ -130,14 +131,16 @@ def smi_xml_target() -> Target:
     def run(data: bytes) -> None:
         snap = smi.read_nvidia_smi_xml(data)
         snap.to_dict()
-        snap2 = smi.read_nvidia_smi_xml(data.decode("utf-8", "replace"))
-        assert len(snap.gpus) == len(snap2.gpus), "bytes and str input give different GPU counts"
+        if len(data) % 8 == 0:  # an eighth of the inputs: bytes and text give the same GPUs
+            snap2 = smi.read_nvidia_smi_xml(data.decode("utf-8", "replace"))
+            assert len(snap.gpus) == len(snap2.gpus), "bytes and str input give different GPU counts"
 
     tokens = [b"<gpu id=\"00000000:53:00.0\">", b"</gpu>", b"GPU is lost", b"Unknown Error", b"[N/A]",
               b"<!DOCTYPE nvidia_smi_log SYSTEM \"nvsmi_device_v12.dtd\">",
               b"<!DOCTYPE a [<!ENTITY a \"aaaaaaaaaa\"><!ENTITY b \"&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;\">"
               b"<!ENTITY c \"&b;&b;&b;&b;&b;&b;&b;&b;&b;&b;\"><!ENTITY d \"&c;&c;&c;&c;&c;&c;&c;&c;&c;&c;\">]>",
-              b"&d;", b"<!ENTITY x SYSTEM \"file:///etc/passwd\">", b"&x;", b"<![CDATA[", b"]]>", b"&#0;", b"&#x110000;",
+              b"&d;", b"<!ENTITY x SYSTEM \"file:///etc/passwd\">", b"&x;", b"<![CDATA[", b"]]>", b"&#0;",
+              b"&#x110000;",
               b"<remapped_rows>", b"<retired_pages>", b"<recovery_action>", b"<pci_bus_id>", b"<attached_gpus>",
               b"<nvlink>", b"<ecc_errors>", b"<volatile>", b"<aggregate>", b"<temperature>", b"<gpu_temp>"]
     return Target("nvidia-smi -q -x", run, seeds, (), tokens, max_len=48 * 1024)
@@ -278,7 +281,7 @@ def slurmconf_target() -> Target:
 
     seeds: List[bytes] = []
     for p in fixtures("slurmconf/*"):
-        seeds.extend(_lines_of(read(p), 3000))
+        seeds.extend(_lines_of(read(p), 1500))
     kinds = {}
     for p in fixtures("slurmconf/*"):
         kinds[p.name] = sc.guess_kind(p.name) or "slurm"
@@ -312,17 +315,23 @@ def slurmconf_target() -> Target:
 # --------------------------------------------------------------------------------------------- scenario
 def scenario_target() -> Target:
     import yaml
+
     from gpufleet_sim import scenario
     from gpufleet_sim.dists import SpecError
 
     seeds = [p.read_bytes() for p in sorted((REPO / "simulator" / "scenarios").glob("*.yaml"))]
     path = _TMP / "scenario.yaml"
 
+    parsed: Dict[bytes, Any] = {}
+
     def structured(rng: random.Random, seed: bytes) -> bytes:
-        obj = yaml.safe_load(seed)
+        if seed not in parsed:
+            parsed[seed] = yaml.load(seed, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        obj = parsed[seed]
         for _unused in range(rng.choice((1, 1, 2, 3))):
             obj = _mutate_obj(rng, obj)
-        return yaml.safe_dump(obj, allow_unicode=True, width=1000).encode("utf-8", "surrogatepass")
+        dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # the harness's own speed; the loader is the product's
+        return yaml.dump(obj, Dumper=dumper, allow_unicode=True, width=1000).encode("utf-8", "surrogatepass")
 
     def run(data: bytes) -> None:
         path.write_bytes(data)
@@ -560,8 +569,8 @@ def discovery_target() -> Target:
             except ValueError:
                 raise IdPUnavailable(f"response from {url} is not JSON")
 
-        require_secure_url = staticmethod(transport.require_secure_url)
-        is_secure_url = staticmethod(transport.is_secure_url)
+        def __getattr__(self, name: str) -> Any:
+            return getattr(transport, name)  # require_secure_url and friends: the real checks
 
     net = _Net()
     cache = jw.JWKSCache(issuer, str(_TMP / "disc-cache"))
@@ -587,5 +596,6 @@ def discovery_target() -> Target:
                   structured=_json_structured)
 
 
-ALL = [kmsg_target, smi_xml_target, smi_text_target, nvml_target, slurm_json_target, slurm_text_target,
-       slurmconf_target, scenario_target, history_target, token_target, jwks_target, discovery_target]
+# cheapest first, so that a campaign cut short has most parsers done
+ALL = [history_target, token_target, discovery_target, slurm_text_target, slurm_json_target, smi_text_target,
+       kmsg_target, jwks_target, smi_xml_target, nvml_target, slurmconf_target, scenario_target]
