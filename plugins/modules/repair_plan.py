@@ -57,6 +57,8 @@ options:
     description:
       - Directory with one report per node, C(<node>.json). The file's C(checked_at) (or its mtime) is the report
         time. Reports in O(reports) win.
+      - A file that cannot be read or is not a health report holds that node only (the decision names the file and
+        the problem); a bad file of a node Slurm does not know is reported in RV(warnings_reports) and ignored.
     type: path
   breaker_state_file:
     description:
@@ -185,6 +187,10 @@ now:
   description: The time the plan is for.
   returned: always
   type: float
+warnings_reports:
+  description: Report files that could not be used, by node name, with why (the node is held when Slurm knows it).
+  returned: always
+  type: dict
 """
 
 import json
@@ -209,17 +215,24 @@ def _read_json(module, path, what):
 
 
 def _reports_from_dir(module, path):
-    reports, times = {}, {}
+    """-> (reports, times, errors): a file that cannot be used is an error of that node only, never of the run."""
+    reports, times, errors = {}, {}, {}
     if not path:
-        return reports, times
+        return reports, times, errors
     if not os.path.isdir(path):
         module.fail_json(msg=f"reports_dir {path}: not a directory")
     for entry in sorted(os.listdir(path)):
         if not entry.endswith(".json") or entry.startswith("."):
             continue
         full = os.path.join(path, entry)
-        data = _read_json(module, full, "report")
-        if data is None:
+        name = entry[: -len(".json")]
+        try:
+            with open(full, "rb") as fh:
+                data = json.loads(fh.read(4 << 20).decode("utf-8"))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError, RecursionError) as exc:
+            errors[name] = f"{full}: cannot read JSON: {str(exc)[:200]}"
             continue
         if isinstance(data, dict) and isinstance(data.get("report"), dict):  # gpu_health module / agent wrapper
             t = data.get("checked_at") or data["report"].get("checked_at")
@@ -227,11 +240,17 @@ def _reports_from_dir(module, path):
         else:
             t = data.get("checked_at") if isinstance(data, dict) else None
         if not isinstance(data, dict) or "verdict" not in data:
-            module.fail_json(msg=f"report {full}: expected a health report with a verdict")
-        name = entry[: -len(".json")]
+            errors[name] = f"{full}: expected a health report with a verdict"
+            continue
         reports[name] = data
-        times[name] = float(t) if isinstance(t, (int, float)) else os.stat(full).st_mtime
-    return reports, times
+        if isinstance(t, (int, float)) and not isinstance(t, bool):
+            times[name] = float(t)
+        else:
+            try:
+                times[name] = os.stat(full).st_mtime
+            except OSError:
+                times[name] = None
+    return reports, times, errors
 
 
 def _approvals(module):
@@ -281,18 +300,21 @@ def main():
     except SlurmError as exc:
         module.fail_json(msg=f"reading nodes from Slurm: {exc}", error=exc.to_dict())
 
-    reports, times = _reports_from_dir(module, p["reports_dir"])
+    reports, times, report_errors = _reports_from_dir(module, p["reports_dir"])
     for name, rep in (p["reports"] or {}).items():
         if isinstance(rep, dict) and isinstance(rep.get("report"), dict):
             times[name] = rep.get("checked_at") or now
             rep = rep["report"]
         reports[name] = rep
+        report_errors.pop(name, None)
         times.setdefault(name, now)
 
     fleet, attention, spares = build_inputs(
         nodes.values(), reports, times, history_field=p["history_field"], spare_reason=p["spare_reason"],
-        partitions=p["partitions"] or None, domain_prefixes=p["domain_prefixes"],
+        partitions=p["partitions"] or None, domain_prefixes=p["domain_prefixes"], report_errors=report_errors,
     )
+    for name in sorted(set(report_errors) - set(nodes)):
+        module.warn(f"report of {name}, a node Slurm does not know, ignored: {report_errors[name]}")
     stored = None
     if p["breaker_state_file"]:
         stored = _read_json(module, p["breaker_state_file"], "breaker_state_file")
@@ -322,6 +344,7 @@ def main():
         fleet=fleet,
         spares=spares,
         now=now,
+        warnings_reports=report_errors,
     )
 
 

@@ -18,6 +18,12 @@ description:
   - O(op=resume) resumes the node only when it is drained or down with a reason that starts with
     O(reason_prefix) - a node drained by someone else is never resumed (the module fails instead).
     O(op=spare_in) resumes a hot spare, only when its reason starts with O(spare_reason).
+  - O(op=check) changes nothing and fails when the node is not ours to act on any more - out of service with a
+    reason that does not start with O(reason_prefix), or its O(history_field) holds text that is not a readable
+    gpufleet history. The role runs it right before every step that leaves the controller (GPU reset, reboot,
+    replacement hook), so that an operator's drain made during the run wins.
+  - O(op=note) sets O(reason) on a node that is out of service by us (why it is held); a node in service or out of
+    service by someone else is left alone (C(changed=false)).
   - O(op=status) changes nothing and returns the node.
   - Every write is skipped when the node is already in the wanted state (C(changed=false)).
 author:
@@ -41,7 +47,7 @@ options:
     description: What to do (see the description).
     type: str
     required: true
-    choices: [record, outcome, drain, reboot, escalate, resume, spare_in, status]
+    choices: [record, outcome, drain, reboot, escalate, resume, spare_in, check, note, status]
   history:
     description: History text to store (O(op=record)); also stored by the other write operations when given.
     type: str
@@ -54,7 +60,7 @@ options:
     type: float
     default: 1800
   reason:
-    description: Slurm reason for O(op=drain), O(op=reboot), O(op=escalate).
+    description: Slurm reason for O(op=drain), O(op=reboot), O(op=escalate), O(op=note).
     type: str
   reason_prefix:
     description: Our reasons start with this; only such nodes are resumed.
@@ -110,6 +116,8 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import HistoryError, is_ours, record_outcome
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.history import loads_ours
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.owner import foreign_reason
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import SlurmClient, SlurmError
 
 _REBOOT_FLAGS = {"REBOOT_REQUESTED", "REBOOT_ISSUED"}
@@ -120,7 +128,8 @@ def main():
         argument_spec=dict(
             node=dict(type="str", required=True),
             op=dict(type="str", required=True,
-                    choices=["record", "outcome", "drain", "reboot", "escalate", "resume", "spare_in", "status"]),
+                    choices=["record", "outcome", "drain", "reboot", "escalate", "resume", "spare_in", "check", "note",
+                             "status"]),
             history=dict(type="str"),
             outcome=dict(type="str", choices=["ok", "failed", "timeout"]),
             cooldown=dict(type="float", default=1800),
@@ -132,7 +141,7 @@ def main():
             sinfo=dict(type="str", default="sinfo"),
         ),
         required_if=[("op", "outcome", ["outcome"]), ("op", "record", ["history"]), ("op", "drain", ["reason"]),
-                     ("op", "reboot", ["reason"]), ("op", "escalate", ["reason"])],
+                     ("op", "reboot", ["reason"]), ("op", "escalate", ["reason"]), ("op", "note", ["reason"])],
         supports_check_mode=True,
     )
     p = module.params
@@ -153,11 +162,30 @@ def main():
     node = read()
     before = node.to_dict()
     current = getattr(node, field) or ""
-    if p["reason"] is not None and op in ("drain", "reboot", "escalate") and not p["reason"].startswith(prefix):
+    if p["reason"] is not None and op in ("drain", "reboot", "escalate", "note") and not p["reason"].startswith(prefix):
         module.fail_json(msg=f"reason: must start with {prefix!r} (our drains are known by it), got {p['reason']!r}")
-    ours = (node.is_down or "DRAIN" in node.flags) and node.reason.startswith(prefix)
-    foreign = (node.is_down or "DRAIN" in node.flags or "FAIL" in node.flags) and not node.reason.startswith(prefix)
+    try:
+        not_ours = foreign_reason(node.state, node.flags, node.reason, prefix)
+    except ValueError as exc:
+        module.fail_json(msg=str(exc))
+    foreign = not_ours is not None
+    out = node.is_down or "DRAIN" in node.flags or "FAIL" in node.flags
+    ours = out and not foreign
     changes = []
+
+    if op == "check":
+        if foreign:
+            module.fail_json(msg=f"node {name} is not ours to act on any more: {not_ours}; not touched",
+                             node=before, not_ours=not_ours)
+        try:
+            readable = loads_ours(current) is not None
+        except HistoryError as exc:
+            module.fail_json(msg=f"node {name}: {field} holds a damaged gpufleet history ({exc}); not touched",
+                             node=before)
+        if not readable:
+            module.fail_json(msg=f"node {name}: {field} holds text that is not a gpufleet history; not touched",
+                             node=before)
+        module.exit_json(changed=False, node=before, history=current)
 
     new_history = p["history"]
     if op == "outcome":
@@ -193,6 +221,9 @@ def main():
             module.fail_json(msg=f"node {name} was not drained by us (reason {node.reason!r}); never resumed")
         if ours:
             changes.append(("resume", None))
+    elif op == "note":
+        if ours and node.reason != p["reason"]:
+            changes.append(("drain", p["reason"]))
     elif op == "spare_in" and ("DRAIN" in node.flags or node.is_down):
         if not node.reason.startswith(p["spare_reason"]):
             module.fail_json(msg=f"node {name} is not a hot spare (reason {node.reason!r}); not resumed")

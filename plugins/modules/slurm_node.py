@@ -77,6 +77,9 @@ options:
     description:
       - With V(state=resumed), resume only nodes whose reason starts with this string; other drained or down
         nodes are reported in RV(skipped_nodes) and left alone.
+      - With V(state=rebooted), leave alone (and report in RV(skipped_nodes)) every node that is drained, down or
+        failed with a reason that does not start with this string, so that a reboot never overwrites somebody
+        else's reason. Nodes in service are rebooted.
     type: str
   wait:
     description:
@@ -187,6 +190,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.owner import foreign_reason
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import Node, SlurmError
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm_module import (
     SLURM_COMMON_ARGS,
@@ -226,6 +230,11 @@ def _plan(nodes, p):
             predicted[name] = Node(**{**n.__dict__, "state": base, "reason": "",
                                       "flags": n.flags - {"DRAIN", "FAIL", "NOT_RESPONDING"}})
         elif state == "rebooted":
+            if p["only_if_reason_prefix"]:
+                why = foreign_reason(n.state, n.flags, n.reason, p["only_if_reason_prefix"])
+                if why:
+                    skipped[name] = why
+                    continue
             if n.flags & {"REBOOT_REQUESTED", "REBOOT_ISSUED"}:
                 skipped[name] = "reboot already pending"
                 continue
@@ -279,8 +288,8 @@ def main():
     for key in ("reason", "only_if_reason_prefix"):
         if p[key] and ("\n" in p[key] or "\r" in p[key]):
             module.fail_json(msg=f"{key} must be a single line")
-    if p["only_if_reason_prefix"] is not None and state != "resumed":
-        module.fail_json(msg="only_if_reason_prefix applies to state=resumed only")
+    if p["only_if_reason_prefix"] is not None and state not in ("resumed", "rebooted"):
+        module.fail_json(msg="only_if_reason_prefix applies to state=resumed and state=rebooted only")
     if p["timeout"] < 0 or p["poll_interval"] <= 0:
         module.fail_json(msg="timeout must be >= 0 and poll_interval > 0")
     if p["reason"]:

@@ -21,8 +21,7 @@ from collections.abc import Mapping
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from .history import HistoryError, is_ours, loads
-
-_OUT_FLAGS = ("DRAIN", "FAIL")
+from .owner import out_of_service as _out_of_service
 
 
 def _get(node: Any, key: str, default=None):
@@ -36,8 +35,7 @@ def _flags(node: Any) -> Tuple[str, ...]:
 
 
 def out_of_service(node: Any) -> bool:
-    state = str(_get(node, "state") or "").lower()
-    return state == "down" or any(f in _OUT_FLAGS for f in _flags(node))
+    return _out_of_service(str(_get(node, "state") or ""), _flags(node))
 
 
 def domains_of(features: Iterable[str], prefixes: Mapping[str, str]) -> Dict[str, str]:
@@ -77,9 +75,14 @@ def build_inputs(
     spare_reason: str = "gpufleet: spare",
     partitions: Optional[Iterable[str]] = None,
     domain_prefixes: Optional[Mapping[str, str]] = None,
+    report_errors: Optional[Mapping[str, str]] = None,
 ) -> Tuple[Dict[str, Any], List[Dict[str, Any]], List[str]]:
-    """Returns (fleet summary, attention records, spare names)."""
+    """Returns (fleet summary, attention records, spare names).
+
+    ``report_errors``: node name -> why its report could not be read (a truncated file); such a node needs
+    attention and its record carries ``report_error`` (the policy holds it, naming the problem)."""
     reports = reports or {}
+    report_errors = report_errors or {}
     report_times = report_times or {}
     domain_prefixes = {"rack": "rack", "switch": "switch"} if domain_prefixes is None else dict(domain_prefixes)
     wanted = set(partitions) if partitions else None
@@ -117,7 +120,7 @@ def build_inputs(
             entry["available" if available else "unavailable"] += 1
         report = reports.get(name)
         history_text = _history_text(node, history_field)
-        if _needs_attention(node, report, history_text):
+        if name in report_errors or _needs_attention(node, report, history_text):
             attention.append(
                 {
                     "name": name,
@@ -134,5 +137,7 @@ def build_inputs(
                     "boot_time": _get(node, "boot_time"),
                 }
             )
+            if name in report_errors:
+                attention[-1]["report_error"] = str(report_errors[name])
     fleet = {"total": total, "partitions": parts, "domains": doms}
     return fleet, attention, spares

@@ -240,7 +240,7 @@ def is_ours(text: Optional[str]) -> bool:
 def _int(v: Any, where: str) -> int:
     if v.__class__ is int:  # the stored form's numbers: int(v) is v
         return v
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")):
         raise HistoryError(f"history {where}: expected a number, got {v!r}")
     return int(v)
 
@@ -302,6 +302,9 @@ def _from_obj(d: dict) -> History:
         h = History(seq=_int(d.get("n", 0), "n"))
         i = d.get("i")
         if i is not None:
+            for key in ("k", "sp", "hk"):
+                if i.get(key) is not None and not isinstance(i[key], str):
+                    raise HistoryError(f"history i.{key}: expected a string, got {type(i[key]).__name__}")
             steps = []
             for s in i.get("s", []):
                 outcome = OUTCOMES[s[2]] if s[2] is not None else None
@@ -325,7 +328,7 @@ def _from_obj(d: dict) -> History:
             if not isinstance(d["nt"], str):
                 raise HistoryError("history nt: expected a note string")
             h.note = d["nt"][:MAX_NOTE]
-    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError, OverflowError) as exc:
         raise HistoryError(f"history: malformed ({type(exc).__name__}: {exc})")
     return h
 

@@ -419,7 +419,8 @@ def fleet_view(fleet: Any, record: Any, config: Any) -> Tuple[Any, ...]:
     of the very checks plan() runs for a node, on the fresh context a one-node plan starts from: the breaker
     threshold (``breaker_threshold``), whether a drain is blocked (``min_healthy`` and the partition and domain
     limits), whether a repair step is blocked with nothing under repair and with the node's own step counted
-    (a retracted step stays counted), and the spare the node would get. A caller that plans nodes one at a time
+    (plan() releases a step it retracts - an intent written by a run that died before Slurm took it - so that
+    step never blocks its own node), and the spare the node would get. A caller that plans nodes one at a time
     (the simulator) can key a cache on it instead of on the counts.
     """
     if not isinstance(config, RepairConfig):

@@ -6,7 +6,8 @@ replayed healthy H100 ``nvidia-smi -q -x`` capture, and the verdict comes from t
 
     fakegpu.py inject LAB NODE FAULT CLEARED_BY   FAULT: xid48 | xid79; CLEARED_BY: reset_gpu | reboot | never
     fakegpu.py agent LAB NODE        the lab's healthcheck.hook: agent with --slurm, report to $LAB/reports/NODE.json
-    fakegpu.py check LAB NODE        the agent without --slurm; writes the report and prints it (verification)
+    fakegpu.py check LAB NODE        the agent without --slurm; writes the report and prints it (verification);
+                                     exits with the agent's status (0 healthy, 1 degraded, 2 unhealthy, 3 unknown)
     fakegpu.py nvidia-smi LAB NODE ARGS...   a fake nvidia-smi for gpu_reset (-r clears reset_gpu faults)
 
 A reboot (the lab's RebootProgram restarts that node's slurmd) is noticed as a new slurmd PID and clears faults
@@ -91,6 +92,10 @@ def current_fault(lab: Path, node: str):
 
 
 def report(lab: Path, node: str, drain: bool = False) -> dict:
+    return _report(lab, node, drain)[0]
+
+
+def _report(lab: Path, node: str, drain: bool = False):
     """Run the real node agent (gpufleet-health check) on the replayed GPUs and the node's fault lines."""
     f = current_fault(lab, node)
     kmsg = "-"
@@ -111,7 +116,7 @@ def report(lab: Path, node: str, drain: bool = False) -> dict:
     except ValueError:
         raise SystemExit(f"gpufleet-health check rc={proc.returncode}: {proc.stderr.strip()[:500]}")
     _write_json(lab / "reports" / f"{node}.json", data)
-    return data
+    return data, proc.returncode
 
 
 def agent(lab: Path, node: str) -> int:
@@ -151,8 +156,9 @@ def main(argv) -> int:
     if cmd == "agent":
         return agent(lab, node)
     if cmd == "check":
-        print(json.dumps(report(lab, node)))
-        return 0
+        data, rc = _report(lab, node)
+        sys.stdout.write(json.dumps(data) + "\n")
+        return rc
     if cmd == "nvidia-smi":
         return nvidia_smi(lab, node, argv[3:])
     raise SystemExit(f"unknown command {cmd!r}")

@@ -81,6 +81,12 @@ class RepairLab:
                 return line[len("Extra="):].strip()
         return ""
 
+    def set_extra(self, node, text):
+        self.lab.run("scontrol", "update", f"NodeName={node}", f"Extra={text}")
+
+    def drain(self, node, reason):
+        self.lab.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
+
     def history(self, node) -> dict:
         text = self.extra(node)
         return json.loads(text) if text and text != "(null)" else {}
@@ -138,19 +144,26 @@ class RepairLab:
             "ANSIBLE_HOST_KEY_CHECKING": "False",
         }
 
-    def run(self, **kw):
-        """Run repair.yml once through ansible-runner; returns (runner, artifacts from set_stats)."""
+    def run(self, ok=True, cmdline=None, **kw):
+        """Run repair.yml once through ansible-runner; returns (runner, artifacts from set_stats).
+
+        ``ok``: True - the run must succeed (rc 0, AWX status successful); False - it must fail (the run could not do
+        what the policy decided: breaker, failed step or verification, escalation, unusable input); None - either.
+        The runner's ``output`` attribute holds the run's stdout."""
         ev = self.extravars(**kw)
         r = ansible_runner.run(private_data_dir=str(self._private()), project_dir=str(REPO),
                                playbook="playbooks/repair.yml", extravars=ev, envvars=self._envvars(), quiet=True,
-                               timeout=600)
+                               timeout=600, cmdline=cmdline)
         artifacts = {}
         for event in r.events:
             if event.get("event") == "playbook_on_stats":
                 artifacts = event.get("event_data", {}).get("artifact_data") or {}
-        if r.rc != 0:
-            out = r.stdout.read() if hasattr(r.stdout, "read") else ""
-            raise AssertionError(f"repair.yml failed rc={r.rc} status={r.status}\n{out[-6000:]}")
+        r.output = r.stdout.read() if hasattr(r.stdout, "read") else ""
+        if ok is not None and (r.rc == 0) != ok:
+            raise AssertionError(f"repair.yml rc={r.rc} status={r.status}, expected {'success' if ok else 'failure'}"
+                                 f"\n{r.output[-6000:]}")
+        if ok is False:
+            assert r.status == "failed", r.status  # what AWX shows as the job status
         return r, artifacts
 
     def start_async(self, **kw):
@@ -170,10 +183,11 @@ class RepairLab:
         proc.wait(timeout=30)
 
     def until(self, pred, runs=5, **kw):
-        """Run the playbook until ``pred()`` holds (at most ``runs`` times); returns the artifacts of each run."""
+        """Run the playbook until ``pred()`` holds (at most ``runs`` times); returns the artifacts of each run.
+        A run may fail (a failed verification on the way is a failed run)."""
         seen = []
         for _unused in range(runs):
-            _r, art = self.run(**kw)
+            _r, art = self.run(ok=None, **kw)
             seen.append(art)
             if pred():
                 return seen

@@ -78,15 +78,22 @@ def test_storm_trips_the_breaker_and_limits_the_blast_radius(repair_lab):
 
     # 1. breaker: half the fleet failed within 5 minutes -> nothing is acted on, nothing resumed, state persisted
     cfg = {"breaker": {"fraction": "50%", "min_nodes": 2, "window": "5m"}}
-    _r, art = rl.run(config=cfg)
+    r, art = rl.run(ok=False, config=cfg)  # a tripped breaker fails the run: cron mails it, AWX shows "failed"
     plan = art["gpufleet_repair_plan"]
+    summary = art["gpufleet_repair_summary"]
+    assert any("circuit breaker tripped" in p for p in summary["problems"]), summary
+    assert "circuit breaker tripped" in r.output and "repair run:" in r.output
+    # each held node says so in Slurm (sinfo / scontrol show node), with the agent's finding
+    for n in sick:
+        assert lab.node_states()[n] == ("drained", "gpufleet: held (xid48): circuit breaker tripped, a person "
+                                                   "checks the fleet and resets it"), lab.node_states()[n]
     assert plan["breaker"]["tripped"] and sorted(plan["breaker"]["nodes"]) == sorted(sick)
     assert rl.breaker()["tripped"] is True
     assert rl.resets() == [] and rl.reboots() == []
     assert all(d["action"] == "hold" for d in plan["decisions"])
     assert all(lab.node_states()[n][0] == "drained" for n in sick)
     # it stays tripped on the next run (persisted), even with the faults now older than the window
-    _r, art = rl.run(config=dict(cfg, breaker={"fraction": "50%", "min_nodes": 2, "window": 1}))
+    _r, art = rl.run(ok=False, config=dict(cfg, breaker={"fraction": "50%", "min_nodes": 2, "window": 1}))
     assert art["gpufleet_repair_plan"]["breaker"]["tripped"] and rl.resets() == []
 
     # 2. a person resets the breaker; with max_unavailable 1 only one node is repaired at a time
@@ -107,7 +114,7 @@ def test_crash_in_the_middle_of_a_repair_converges(repair_lab):
     n2 = lab.nodes[1]
     rl.inject(n2, "xid48", "reboot")
     rl.drained_by_agent(n2)
-    rl.run()  # reset_gpu, verification fails (the fault needs a reboot)
+    rl.run(ok=False)  # reset_gpu, verification fails (the fault needs a reboot): a failed run
     assert len(rl.resets()) == 1 and lab.node_states()[n2][0] == "drained"
     # the next run reboots; kill it as soon as it has written its intent (before or just after Slurm takes the
     # reboot: both must converge with exactly one reboot)
@@ -150,7 +157,8 @@ def test_approval_mode_changes_nothing_before_approval(repair_lab, tmp_path):
 
     # AWX workflow: after the approval node, the apply job gets the plan job's artifacts as extra vars and
     # approves exactly what was published
-    _r, art = rl.run(config=cfg, gpufleet_repair_plan=plan, node_repair_approve_published=True)
+    # the reset runs and its verification fails (the fault needs a reboot): a failed run
+    _r, art = rl.run(ok=False, config=cfg, gpufleet_repair_plan=plan, node_repair_approve_published=True)
     assert len(rl.resets()) == 1 and rl.reboots() == []
     assert lab.node_states()[n2][0] == "drained"
     # the reboot is the next step and needs its own approval; the old approvals do not cover it

@@ -64,8 +64,9 @@ def test_gpu_health_verdict_decides_the_resume(repair_lab, tmp_path):
     shutil.copy(SICK_KMSG, captures / f"{bad}.kmsg")  # after the reset: still DBE + pending row remap
     _sick(rl, good, bad)
 
-    r, art = rl.run(**_gpu_health_vars(captures))
+    r, art = rl.run(ok=False, **_gpu_health_vars(captures))  # a failed verification fails the run
     assert _gpu_health_verdicts(r) == {good: "healthy", bad: "unhealthy"}
+    assert art["gpufleet_repair_summary"]["nodes"]["failed"] == [bad], art["gpufleet_repair_summary"]
     plan = {d["node"]: d["action"] for d in art["gpufleet_repair_plan"]["decisions"]}
     assert plan[good] == plan[bad] == "reset_gpu", plan
     res = _results(art)
@@ -102,7 +103,7 @@ def test_failed_dcgm_diag_keeps_a_healthy_node_out(repair_lab, tmp_path, monkeyp
     monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
     _sick(rl, node)
 
-    r, art = rl.run(node_repair_dcgm_level=2, **_gpu_health_vars(captures))
+    r, art = rl.run(ok=False, node_repair_dcgm_level=2, **_gpu_health_vars(captures))
     assert _gpu_health_verdicts(r) == {node: "healthy"}  # gpu_health alone would resume it
     res = _results(art)[node]
     assert res["action"] == "reset_gpu" and res["verified"] == "unhealthy" and not res["resumed"], res

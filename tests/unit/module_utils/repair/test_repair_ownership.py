@@ -176,3 +176,17 @@ def test_note_round_trips_and_is_escaped():
     # a new incident drops the note
     fresh = decide(node(history=d.history, reason="gpufleet: xid48 gpu3"))["node2"]
     assert loads(fresh.history).note is None and loads(fresh.history).incident is not None
+
+
+# ---- hostile history text (fuzz findings): always HistoryError, never another exception -------------------------
+@pytest.mark.parametrize("text", [
+    '{"gf":1,"n":Infinity}', '{"gf":1,"cd":1e999}', '{"gf":1,"i":{"c":"gm","id":Infinity,"t":0}}',
+    '{"gf":1,"i":{"c":"gm","id":1,"t":NaN}}', '{"gf":1,"i":{"c":"nl","id":2,"s":[],"sp":{},"t":0}}',
+    '{"gf":1,"i":{"c":"nl","id":2,"s":[],"k":["x"],"t":0}}', '{"gf":1,"i":{"c":"nl","id":2,"hk":5,"t":0}}',
+    '{"gf":' + "[" * 5000 + "]" * 5000 + "}",
+])
+def test_hostile_history_is_a_history_error(text):
+    with pytest.raises(HistoryError):
+        loads(text)
+    d = decide(node(history=text))["node2"]
+    assert d.rule == "history_unreadable" and d.history is None
