@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import engine  # noqa: E402
-import targets  # noqa: E402
+import fuzz_engine as engine  # noqa: E402
+import fuzz_targets as targets  # noqa: E402
 
 
 def _child(make, n, start, seed, deadline, mem_mib, as_mib, budget_s, index, conn):

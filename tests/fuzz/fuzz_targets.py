@@ -7,18 +7,21 @@ parser's documented error type; everything else, or an ``assert`` below that bre
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import random
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Dict, List
 
-from engine import FIXTURES, REPO, Target, fixtures, read
+from fuzz_engine import FIXTURES, REPO, Target, fixtures, read
 
 # --------------------------------------------------------------------------------------------- helpers
 _TMP = Path(tempfile.mkdtemp(prefix="gpufleet-fuzz-"))
+atexit.register(shutil.rmtree, str(_TMP), True)
 
 
 def _text(data: bytes) -> str:
