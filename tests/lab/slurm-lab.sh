@@ -16,17 +16,27 @@
 #   SLURM_LAB_REBOOT_PROGRAM [$LAB/bin/fake-reboot]  SLURM_LAB_EPILOG [$LAB/bin/epilog; none = no Epilog]
 #   SLURM_LAB_JWKS [unset: no slurmrestd]
 #   SLURM_LAB_EXTRA_CONF [unset: file appended verbatim to slurm.conf]  SLURM_LAB_INSTALL [auto|no]
-#   SLURM_LAB_TIMEOUT [60]  SLURM_LAB_SLURMD_TIMEOUT [30]  SLURM_LAB_KEEP_STATE [0]
+#   SLURM_LAB_TIMEOUT [60: seconds for the nodes]  SLURM_LAB_CTLD_TIMEOUT [60: seconds for slurmctld to answer]
+#   SLURM_LAB_SLURMD_TIMEOUT [30]  SLURM_LAB_KEEP_STATE [0]
 #   SLURM_LAB_RELEASE [22.05 = the host's Debian Slurm | 24.11 = Debian trixie chroot]
 #   SLURM_LAB_CHROOT [/var/cache/gpufleet/trixie-chroot]  (built once with debootstrap, then reused)
 #   SLURM_LAB_CHROOT_BINDS [/tmp /work /root /home /opt /srv]  host dirs bound at the same path in the chroot
 #                          (the checkout holding this script is added when none of them covers it)
+#   SLURM_LAB_CHROOT_USERS [host = the host's /etc/passwd and /etc/group are seen inside, as a cluster node sees
+#                          the site's directory: tests' local users exist for the 24.11 daemons too | chroot]
 #
 # The health-check program drains a node when $LAB/flags/<node>.bad exists, then, if $LAB/etc/healthcheck.hook
 # exists and is executable, execs it (PATH and SLURM_CONF exported, SLURMD_NODENAME passed through). The
 # Epilog does the same with $LAB/etc/epilog.hook (SLURM_JOB_ID etc. passed through): a hook that sleeps keeps
 # the job COMPLETING. With release 24.11 the hooks run on the host (outside the chroot) with $LAB/bin/wrap
 # first on PATH.
+#
+# Every wait is bounded by time on the monotonic clock (/proc/uptime), never by a count of attempts, and every
+# Slurm client call made while waiting has its own time limit: under load one `scontrol ping` through the
+# 24.11 wrapper (unshare + bind mounts + chroot) can take seconds, and 300 attempts once took 10 minutes.
+# munged logs "Unauthorized credential for client UID=0 GID=0" once per Slurm daemon start: that is Slurm's own
+# probe of munged's root-decode setting, not a failure; when slurmctld does not answer, the script prints the
+# last ping answer and the logs that say why.
 set -euo pipefail
 
 PORT_BASE=${SLURM_LAB_PORT_BASE:-16800}
@@ -45,11 +55,13 @@ JWKS=${SLURM_LAB_JWKS:-}
 EXTRA_CONF=${SLURM_LAB_EXTRA_CONF:-}
 INSTALL=${SLURM_LAB_INSTALL:-auto}
 TIMEOUT=${SLURM_LAB_TIMEOUT:-60}
+CTLD_TIMEOUT=${SLURM_LAB_CTLD_TIMEOUT:-60}
 SLURMD_TIMEOUT=${SLURM_LAB_SLURMD_TIMEOUT:-30}
 KEEP_STATE=${SLURM_LAB_KEEP_STATE:-0}
 RELEASE=${SLURM_LAB_RELEASE:-22.05}
 CHROOT=${SLURM_LAB_CHROOT:-/var/cache/gpufleet/trixie-chroot}
 CHROOT_BINDS=${SLURM_LAB_CHROOT_BINDS:-/tmp /work /root /home /opt /srv}
+CHROOT_USERS=${SLURM_LAB_CHROOT_USERS:-host}
 # The checkout this script belongs to is always seen inside too, wherever it lives (CI clones outside /work):
 # job scripts that name .venv/bin/python, the simulator's sweep among them, run from it.
 CHECKOUT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
@@ -68,7 +80,15 @@ CONF_CHANGED=0
 
 die() { echo "slurm-lab: $*" >&2; exit 1; }
 log() { echo "slurm-lab: $*" >&2; }
-now_ms() { date +%s%3N; }
+# Milliseconds on the monotonic clock (CLOCK_BOOTTIME through /proc/uptime): deadlines never move with the wall clock.
+now_ms() {
+  local up
+  read -r up _ </proc/uptime
+  echo $((10#${up/./} * 10))
+}
+# deadline SECONDS: the monotonic time (ms) SECONDS from now; past DEADLINE: true once it has passed.
+deadline() { echo $(($(now_ms) + $1 * 1000)); }
+past() { (($(now_ms) >= $1)); }
 
 # A lab keeps the release it was started with: stop/status/wait/env/selftest/clean follow it, restart too
 # unless SLURM_LAB_RELEASE says otherwise; start uses SLURM_LAB_RELEASE (default 22.05).
@@ -87,7 +107,12 @@ esac
 [[ "$NODES" =~ ^[1-9][0-9]*$ ]] || die "SLURM_LAB_NODES must be a positive integer, got '$NODES'"
 [[ "$PORT_BASE" =~ ^[1-9][0-9]*$ ]] || die "SLURM_LAB_PORT_BASE must be a positive integer, got '$PORT_BASE'"
 [[ "$HC_INTERVAL" =~ ^[0-9]+$ ]] || die "SLURM_LAB_HEALTHCHECK_INTERVAL must be an integer >= 0"
+for v in TIMEOUT CTLD_TIMEOUT; do
+  [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "SLURM_LAB_$v must be a positive number of seconds, got '${!v}'"
+done
 [[ "$LAB" == /* ]] || die "SLURM_LAB_DIR must be an absolute path, got '$LAB'"
+[[ "$CHROOT_USERS" == host || "$CHROOT_USERS" == chroot ]] ||
+  die "SLURM_LAB_CHROOT_USERS must be host or chroot, got '$CHROOT_USERS'"
 
 node_names() { local i; for ((i = 1; i <= NODES; i++)); do echo "$PREFIX$i"; done; }
 hostlist() { if ((NODES == 1)); then echo "${PREFIX}1"; else echo "${PREFIX}[1-$NODES]"; fi; }
@@ -102,6 +127,15 @@ client() {
   else
     # the host's own binaries, never a wrapper of another (24.11) lab that happens to be first on PATH
     PATH=$SYS_PATH SLURM_CONF=$CONF "$cmd" "$@"
+  fi
+}
+# client_t SECONDS CMD ARGS...: a client command that is killed after SECONDS (rc 124), for calls made in waits.
+client_t() {
+  local secs=$1 cmd=$2; shift 2
+  if [[ -n "$ROOT" ]]; then
+    timeout -k 2 "$secs" "$LAB/bin/wrap/$cmd" "$@"
+  else
+    timeout -k 2 "$secs" env PATH=$SYS_PATH SLURM_CONF="$CONF" "$cmd" "$@"
   fi
 }
 # A daemon: started in its own private mount namespace inside the chroot (mounts die with the namespace).
@@ -158,12 +192,12 @@ stop_pids() {
     fi
   done
   ((${#pids[@]})) || return 0
-  deadline=$(($(date +%s) + 15))
+  deadline=$(deadline 15)
   while :; do
     alive=()
     for pid in "${pids[@]}"; do [[ -d /proc/$pid ]] && alive+=("$pid"); done
     ((${#alive[@]})) || break
-    if (($(date +%s) >= deadline)); then
+    if past "$deadline"; then
       for pid in "${alive[@]}"; do log "pid $pid did not stop, SIGKILL"; kill -KILL "$pid" 2>/dev/null || true; done
       break
     fi
@@ -306,7 +340,12 @@ setsid bash -c '
   echo \$\$ >"\$1/run/reboot-\$2.pid"
   sleep 1
   kill -TERM "\$3" 2>/dev/null
-  while [ -d "/proc/\$3" ]; do sleep 0.1; done
+  # at most 20 s (monotonic clock), then SIGKILL: a slurmd that ignores SIGTERM must not hold the reboot forever
+  end=\$(( \$(cut -d. -f1 /proc/uptime) + 20 ))
+  while [ -d "/proc/\$3" ]; do
+    if [ "\$(cut -d. -f1 /proc/uptime)" -ge "\$end" ]; then kill -KILL "\$3" 2>/dev/null; fi
+    sleep 0.1
+  done
   slurmd -f "\$1/etc/slurm.conf" -N "\$2" -b
   rm -f "\$1/run/reboot-\$2.pid"' fake-reboot "$LAB" "\$node" "\$sd" </dev/null >>$LAB/log/reboot-calls.log 2>&1 &
 exit 0
@@ -328,6 +367,10 @@ for d in $CHROOT_BINDS; do
   mount --rbind "\$d" "\$root\$d"
 done
 mount --bind $LAB "\$root$LAB"
+if [[ "$CHROOT_USERS" == host ]]; then
+  # the host's users and groups (read-only): uid_from_string() in slurmctld finds the same accounts as on the host
+  for f in /etc/passwd /etc/group; do mount --bind -o ro "\$f" "\$root\$f"; done
+fi
 if [[ "\$mode" == daemon ]]; then
   mount --rbind /sys "\$root/sys"
   mount --rbind / "\$root/.host"
@@ -450,24 +493,42 @@ start_munged() {
   daemon /usr/sbin/munged --key-file="$LAB/munge/munge.key" --socket="$LAB/munge/munge.socket.2" \
     --pid-file="$LAB/run/munged.pid" --log-file="$LAB/log/munged.log" --seed-file="$LAB/munge/munge.seed" \
     || die "munged failed to start; see $LAB/log/munged.log"
-  local i
-  for ((i = 0; i < 50; i++)); do munged_pid >/dev/null && return 0; sleep 0.1; done
-  die "munged did not write a valid PID file; see $LAB/log/munged.log"
+  local end
+  end=$(deadline 10)
+  until munged_pid >/dev/null; do
+    if past "$end"; then
+      tail -5 "$LAB/log/munged.log" >&2 || true
+      die "munged did not write a valid PID file within 10 s; see $LAB/log/munged.log"
+    fi
+    sleep 0.1
+  done
 }
 
 start_slurmctld() {
-  local fresh=$1 i
+  local fresh=$1 t0 end out="" rc=0
   if ctld_pid >/dev/null; then return 0; fi
   port_busy "$CTLD_PORT" && die "port $CTLD_PORT (slurmctld) is busy: choose another SLURM_LAB_PORT_BASE"
   local -a args=(-f "$CONF")
   if ((fresh)); then args+=(-c); rm -f "$LAB"/flags/*.bad; fi
   daemon /usr/sbin/slurmctld "${args[@]}" || die "slurmctld failed to start; see $LAB/log/slurmctld.log"
-  for ((i = 0; i < 300; i++)); do
-    if ctld_pid >/dev/null && client scontrol ping 2>/dev/null | grep -q 'is UP'; then return 0; fi
-    sleep 0.1
+  t0=$(now_ms); end=$(deadline "$CTLD_TIMEOUT")
+  while :; do
+    if ctld_pid >/dev/null; then
+      rc=0; out=$(client_t 10 scontrol ping 2>&1) || rc=$?
+      if grep -q 'is UP' <<<"$out"; then
+        log "slurmctld answered after $(($(now_ms) - t0)) ms"
+        return 0
+      fi
+    else
+      out="(no slurmctld process with a valid PID file)"; rc=-1
+    fi
+    past "$end" && break
+    sleep 0.2
   done
-  tail -20 "$LAB/log/slurmctld.log" >&2 || true
-  die "slurmctld did not answer 'scontrol ping' within 30 s"
+  echo "--- last 'scontrol ping' (rc $rc): $out" >&2
+  echo "--- $LAB/log/slurmctld.log (tail)" >&2; tail -20 "$LAB/log/slurmctld.log" >&2 || true
+  echo "--- $LAB/log/munged.log (tail)" >&2; tail -5 "$LAB/log/munged.log" >&2 || true
+  die "slurmctld did not answer 'scontrol ping' within ${CTLD_TIMEOUT} s ($(($(now_ms) - t0)) ms waited)"
 }
 
 start_slurmd() {
@@ -490,22 +551,24 @@ start_slurmrestd() {
   SLURM_JWT=daemon daemon setsid bash -c 'echo $$ >"$1"; exec /usr/sbin/slurmrestd -f "$2" -u nobody -g nogroup \
     -a rest_auth/jwt -s "$3" "127.0.0.1:$4"' restd "$LAB/run/slurmrestd.pid" "$CONF" "$plugin" "$RESTD_PORT" \
     </dev/null >>"$LAB/log/slurmrestd.log" 2>&1 &
-  local i
-  for ((i = 0; i < 50; i++)); do
+  local end
+  end=$(deadline 15)
+  until restd_pid >/dev/null && port_busy "$RESTD_PORT"; do
+    if past "$end"; then
+      tail -20 "$LAB/log/slurmrestd.log" >&2 || true
+      die "slurmrestd did not listen on port $RESTD_PORT within 15 s"
+    fi
     sleep 0.1
-    restd_pid >/dev/null && port_busy "$RESTD_PORT" && return 0
   done
-  tail -20 "$LAB/log/slurmrestd.log" >&2 || true
-  die "slurmrestd did not start"
 }
 
 # node_states: "name state" lines from sinfo (one partition, so one line per node).
-node_states() { client sinfo -h -N -o '%N %T' 2>/dev/null | sort -u; }
+node_states() { client_t 10 sinfo -h -N -o '%N %T' 2>/dev/null | sort -u; }
 
 # wait_nodes MODE: idle = every node idle; responding = registered and answering (no unk, no '*').
 wait_nodes() {
-  local mode=$1 start deadline states bad n s
-  start=$(now_ms); deadline=$(($(date +%s) + TIMEOUT))
+  local mode=$1 start end states bad n s
+  start=$(now_ms); end=$(deadline "$TIMEOUT")
   while :; do
     states=$(node_states || true)
     bad=0
@@ -522,7 +585,7 @@ wait_nodes() {
       fi
     done <<<"$states"
     ((bad)) || break
-    if (($(date +%s) >= deadline)); then
+    if past "$end"; then
       echo "$states" >&2
       die "nodes not $mode after ${TIMEOUT}s"
     fi
@@ -559,18 +622,16 @@ cmd_start() {
 }
 
 cmd_stop() {
-  local t0 jobs i n
+  local t0 jobs end n
   t0=$(now_ms)
   if ctld_pid >/dev/null; then
-    jobs=$(client squeue -h -o '%A' 2>/dev/null || true)
+    jobs=$(client_t 10 squeue -h -o '%A' 2>/dev/null || true)
     if [[ -n "$jobs" ]]; then
       log "cancelling jobs: $(tr '\n' ' ' <<<"$jobs")"
       # shellcheck disable=SC2086
-      client scancel $jobs 2>/dev/null || true
-      for ((i = 0; i < 100; i++)); do
-        [[ -z "$(client squeue -h -o '%A' 2>/dev/null || true)" ]] && break
-        sleep 0.1
-      done
+      client_t 10 scancel $jobs 2>/dev/null || true
+      end=$(deadline 10)
+      until [[ -z "$(client_t 10 squeue -h -o '%A' 2>/dev/null || true)" ]] || past "$end"; do sleep 0.1; done
     fi
   fi
   local -a specs=()
@@ -621,14 +682,14 @@ cmd_clean() {
 }
 
 # --- selftest ----------------------------------------------------------------------------------------------
-state_of() { client sinfo -h -N -n "$1" -o '%T' | head -1; }
+state_of() { client_t 10 sinfo -h -N -n "$1" -o '%T' | head -1; }
 poll_state() { # poll_state NODE WANT SECONDS
   local node=$1 want=$2 limit=$3 t0 s
   t0=$(now_ms)
   while :; do
     s=$(state_of "$node")
     [[ "$s" == "$want" ]] && { echo "$(($(now_ms) - t0))"; return 0; }
-    (($(now_ms) - t0 > limit * 1000)) && die "selftest: $node is '$s', expected '$want' within ${limit}s"
+    (($(now_ms) - t0 >= limit * 1000)) && die "selftest: $node is '$s', expected '$want' within ${limit}s"
     sleep 0.1
   done
 }
@@ -638,7 +699,7 @@ cmd_selftest() {
   ((NODES >= 3)) || die "selftest needs at least 3 nodes"
   ctld_pid >/dev/null || die "slurmctld is not running (slurm-lab.sh start)"
   wait_nodes idle
-  local t0 ms job n2="${PREFIX}2" n3="${PREFIX}3" i
+  local t0 ms job n2="${PREFIX}2" n3="${PREFIX}3" end
   t0=$(now_ms)
   client scontrol update NodeName="$n2" State=DRAIN Reason="xid 79 (selftest)"
   [[ "$(state_of "$n2")" == drained ]] || die "selftest: $n2 not drained"
@@ -656,10 +717,8 @@ cmd_selftest() {
 
   t0=$(now_ms)
   job=$(client sbatch --parsable -w "$n3" -o /dev/null --wrap 'sleep 30')
-  for ((i = 0; i < 100; i++)); do
-    [[ "$(client squeue -h -j "$job" -o '%T')" == RUNNING ]] && break
-    sleep 0.1
-  done
+  end=$(deadline 10)
+  until [[ "$(client_t 10 squeue -h -j "$job" -o '%T')" == RUNNING ]] || past "$end"; do sleep 0.1; done
   [[ "$(client squeue -h -j "$job" -o '%T')" == RUNNING ]] || die "selftest: job $job not running"
   client scontrol update NodeName="$n3" State=DRAIN Reason="selftest draining"
   [[ "$(state_of "$n3")" == draining ]] || die "selftest: $n3 not draining"
