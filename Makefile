@@ -12,12 +12,13 @@ export ANSIBLE_COLLECTIONS_PATH := $(REPO)/collections
 export ANSIBLE_CONFIG := $(REPO)/ansible.cfg
 export PATH := $(REPO)/$(BIN):$(PATH)
 
-.PHONY: setup demo test lint unit sanity ansible-lint integration integration-2411 bench lab lab-stop clean lock help
+.PHONY: setup demo test lint unit sanity ansible-lint integration integration-2411 bench fuzz lab lab-stop clean lock help
 
 help:
 	@echo "make demo   - set up and run the main job (the simulator's default comparison)"
 	@echo "make test   - set up and run every test (lint, unit, sanity, ansible-lint, integration)"
 	@echo "make bench  - run the benchmarks and print figures"
+	@echo "make fuzz   - fuzz every parser of untrusted text (FUZZ_N inputs each, default 100000) and print a table"
 	@echo "make lab    - start the Slurm lab for a person to play with (make lab-stop stops it)"
 
 setup: $(VENV)/.stamp-deps $(VENV)/.stamp-tools collections/ansible_collections/gpufleet/reliability node-deps
@@ -83,6 +84,10 @@ test: lint unit sanity ansible-lint integration integration-2411
 
 bench: setup
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b; done
+
+# Not part of `make test` (the unit suite runs a 300-input smoke of the same harnesses). Findings land in out/fuzz.
+fuzz: setup
+	nice -n 10 $(PY) tests/fuzz/run.py
 
 lab: setup
 	tests/lab/slurm-lab.sh start
