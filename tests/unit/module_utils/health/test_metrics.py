@@ -129,6 +129,16 @@ def test_values_come_from_the_snapshot_only():
     assert "gpufleet_health_probe_duration_seconds" not in failed
 
 
+@pytest.mark.parametrize("action,drained,ours,held", [("drained", 1, 1, 0), ("already_drained", 0, 1, 0),
+                                                      ("held", 0, 0, 1), ("left_alone", 0, 0, 0), ("none", 0, 0, 0)])
+def test_slurm_gauges(action, drained, ours, held):
+    text = render(dict(snapshots())["synthetic"], KMSG, None, {"action": action})
+    assert values(text, "gpufleet_health_drained") == [drained]
+    assert values(text, "gpufleet_health_slurm_drained") == [ours]
+    assert values(text, "gpufleet_health_drain_held") == [held]
+    assert "gpufleet_health_drain_held" not in render(dict(snapshots())["synthetic"], KMSG)  # without --slurm
+
+
 def test_verdict_and_action_gauges():
     snap = dict(snapshots())["synthetic"]
     text = render(snap, KMSG)
