@@ -55,6 +55,27 @@ def unverified_header(token: str) -> Dict[str, Any]:
     return hdr
 
 
+#: Marks of an ID token (OIDC Core: ``at_hash``/``c_hash`` exist only in ID tokens; Keycloak's ``typ`` claim says
+#: ``ID``; some IdPs type ID tokens ``id_token+jwt``) and of an access token (RFC 9068 ``at+jwt``; Keycloak
+#: ``Bearer``). A token carrying the marks of the other kind is refused whatever ``required_typ`` says.
+ID_TOKEN_MARKS = {"header_typ": {"id_token+jwt"}, "claims": ("at_hash", "c_hash"), "claim_typ": {"id"}}
+ACCESS_TOKEN_MARKS = {"header_typ": {"at+jwt"}, "claims": (), "claim_typ": {"bearer"}}
+
+
+def token_kind_mismatch(header: Dict[str, Any], claims: Dict[str, Any], expected: str) -> Optional[str]:
+    """Why a token is the wrong kind for ``expected`` (``access_token`` or ``id_token``), or None."""
+    marks, other = (ID_TOKEN_MARKS, "an ID token") if expected == "access_token" else (ACCESS_TOKEN_MARKS,
+                                                                                        "an access token")
+    if _norm_typ(header.get("typ", "")) in marks["header_typ"]:
+        return f"{other} (typ {str(header.get('typ'))[:30]!r}) is not accepted as {expected}"
+    for c in marks["claims"]:
+        if c in claims:
+            return f"{other} (claim {c}) is not accepted as {expected}"
+    if isinstance(claims.get("typ"), str) and claims["typ"].lower() in marks["claim_typ"]:
+        return f"{other} (claim typ {claims['typ'][:30]!r}) is not accepted as {expected}"
+    return None
+
+
 def _norm_typ(t: Any) -> str:
     t = str(t).lower()
     return t[len("application/"):] if t.startswith("application/") else t
@@ -163,6 +184,9 @@ class TokenValidator:
             raise TokenRejected(f"claims rejected: {getattr(e, 'error', type(e).__name__)}")
         if not isinstance(claims.get("sub"), str) or not claims["sub"]:
             raise TokenRejected("missing required claim: sub")
+        wrong = token_kind_mismatch(header, claims, cfg.validate_token)
+        if wrong:
+            raise TokenRejected(wrong)
 
         if cfg.allowed_azp:
             azp = claims.get("azp", claims.get("client_id"))
