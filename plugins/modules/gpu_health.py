@@ -37,6 +37,8 @@ options:
     description:
       - Number of GPUs the node must show. Fewer visible GPUs is V(unhealthy) (C(gpu_missing)).
       - When unset, the count the driver reports as attached is the expectation.
+      - V(0) declares a CPU node. There, no NVIDIA driver or NVML library is V(healthy) (an info finding
+        C(no_gpu_expected)); on any other node it is V(unhealthy) (C(driver_not_loaded), C(nvml_missing)).
     type: int
   thresholds:
     description:

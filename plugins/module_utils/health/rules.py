@@ -66,9 +66,14 @@ def check_probe(ctx: Ctx, snap: Optional[Snapshot], have_kmsg: bool) -> None:
         err = snap.probe_error or "probe failed"
         code = snap.probe_error_code
         low = err.lower()
+        no_driver = code in (9, 12) or "driver not loaded" in low or "library not found" in low
         if code == 18 or "version mismatch" in low:
             ctx.add("probe", "critical", "NVIDIA driver/library version mismatch (driver upgraded without reboot)",
                     "reboot", "driver_mismatch", evidence=[err])
+        elif no_driver and ctx.cfg.expected_gpus == 0:
+            # A CPU node (expected_gpus: 0) has no NVIDIA driver by design: healthy, said once as an info finding.
+            ctx.add("probe", "info", "no NVIDIA driver and no GPU expected (expected_gpus: 0)", "none",
+                    "no_gpu_expected", evidence=[err])
         elif code == 9 or "driver not loaded" in low or "couldn't communicate with the nvidia driver" in low:
             ctx.add("probe", "critical", "NVIDIA kernel driver not loaded", "reboot", "driver_not_loaded",
                     evidence=[err])
