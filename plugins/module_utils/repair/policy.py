@@ -895,7 +895,13 @@ def _decide(
     hook = None
     if step in config.hook_actions:
         hook = HookCall(
-            action=step, node=n.name, incident=str(inc.id), idempotency_key=_key(n.name, str(inc.id), step), reason=why
+            action=step,
+            node=n.name,
+            incident=str(inc.id),
+            # the incident's first-seen time too: incident numbers start again at 1 when the history is lost (a
+            # slurmctld clean start, a person clearing Extra), and a new incident must never reuse an old key
+            idempotency_key=_key(n.name, f"{inc.id}@{inc.first_seen}", step),
+            reason=why,
         )
         after.incident.hooks.append(step)
     spare = None

@@ -190,3 +190,16 @@ def test_hostile_history_is_a_history_error(text):
         loads(text)
     d = decide(node(history=text))["node2"]
     assert d.rule == "history_unreadable" and d.history is None
+
+
+def test_hook_key_differs_when_a_lost_history_restarts_incident_numbers():
+    # slurmctld clean start (or a cleared Extra): the next incident is number 1 again; its replacement must not
+    # reuse the key of the old incident 1 (node_replace would answer "already requested" and file nothing)
+    cfg = dict(CFG, ladders={"gpu_lost": ["replace"]})
+    rep = report(code="xid79", action="reboot")
+    first = decide(node(rep=rep, history=hist(cls="gpu_lost", code="xid79", t0=NOW - 3 * H)), config=cfg)["node2"]
+    again = decide(node(rep=rep, history=hist(cls="gpu_lost", code="xid79", t0=NOW - 3 * H)), config=cfg)["node2"]
+    later = decide(node(rep=rep, history=hist(cls="gpu_lost", code="xid79", t0=NOW - H)), config=cfg)["node2"]
+    assert first.action == later.action == "replace" and first.incident == later.incident == "1"
+    assert first.hook.idempotency_key == again.hook.idempotency_key
+    assert first.hook.idempotency_key != later.hook.idempotency_key
