@@ -56,6 +56,17 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last})")
 
 
+def stop_process(proc: subprocess.Popen, grace: float = 20.0) -> None:
+    """SIGTERM the process we started (by its PID), SIGKILL it when it does not end within ``grace`` seconds."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 class Daemon:
     def __init__(self, name: str, argv, log: Path, ready_url: str):
         self.name, self.log, self.ready_url = name, log, ready_url
@@ -71,13 +82,7 @@ class Daemon:
         return self
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc)
         self.fh.close()
 
 

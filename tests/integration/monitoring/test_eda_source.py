@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import eda_bin, free_port, http_post, wait_for
+from conftest import eda_bin, free_port, http_post, stop_process, wait_for
 
 HARNESS = Path(__file__).resolve().parent / "eda_source_harness.py"
 TOKEN, SECRET = "tok-3f9a", "hmac-51c2"
@@ -32,12 +32,7 @@ class Source:
             self.events.append(json.loads(line))
 
     def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        stop_process(self.proc)
 
 
 @pytest.fixture

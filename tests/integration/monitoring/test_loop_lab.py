@@ -24,6 +24,7 @@ from conftest import (
     need,
     start_node_exporter,
     start_prometheus,
+    stop_process,
     wait_for,
 )
 
@@ -79,12 +80,7 @@ def loop(lab, tmp_path, daemons, monkeypatch):
         yield rl
     finally:
         if rl.rulebook is not None:
-            rl.rulebook.terminate()
-            try:
-                rl.rulebook.wait(20)
-            except subprocess.TimeoutExpired:
-                rl.rulebook.kill()
-                rl.rulebook.wait(10)
+            stop_process(rl.rulebook)
             rl.rulebook_log.close()
         rl.uninstall()
         for p in (lab.dir / "faults").glob("*"):
