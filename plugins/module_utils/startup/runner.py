@@ -34,7 +34,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..fileutil import atomic_write
-from .scripts import NODE_ROLES, PHASES, MetaError, ScriptMeta, discover
+from .scripts import NODE_ROLES, PHASES, MetaError, ScriptMeta, discover, unmanaged
 
 REASON_PREFIX = "gpufleet: startup"
 HEALTH_STEP = "health-check"
@@ -350,6 +350,11 @@ class Runner:
             self.log.emit(f"metadata error: {err}", priority=3, event="error")
         if errors:
             failed = "metadata"
+        report["unmanaged"] = unmanaged(self.scripts_dir)
+        for name in report["unmanaged"]:
+            self.log.emit(f"{name!r}: no metadata file ({name!r} + '.json'), not run; install scripts with the "
+                          "startup_scripts role or the startup_script module", priority=4, event="unmanaged",
+                          script=name)
         self._prune_boot_markers()
         stopped = failed is not None
         for meta in metas:
@@ -402,7 +407,9 @@ class Runner:
                                                     ", error: {}".format(sl["error"]) if sl["error"] else ""),
                           priority=3 if sl["error"] else 6, event="slurm", action=sl["action"])
         report["ended"] = _now()
-        self.log.emit("run end: %s" % ("ok" if failed is None else f"FAILED at {failed}"),
+        count = len(report["unmanaged"])
+        outcome = "ok" if failed is None else f"FAILED at {failed}"
+        self.log.emit(f"run end: {outcome}" + (f", {count} file(s) without metadata not run" if count else ""),
                       priority=6 if failed is None else 3, event="run-end", failed=failed)
         return report
 

@@ -183,6 +183,20 @@ def discover(scripts_dir: str) -> Tuple[List[ScriptMeta], List[str]]:
     return metas, errors
 
 
+def unmanaged(scripts_dir: str) -> List[str]:
+    """Files in the scripts directory that have no ``NAME.json``: never run (the metadata says when, for which
+    roles, with which timeout), so the runner warns about each and counts them. Hidden files are the writers'
+    temporary files and are not listed."""
+    try:
+        entries = sorted(os.listdir(scripts_dir))
+    except OSError:
+        return []  # discover() reports the directory error
+    described = {e[: -len(META_SUFFIX)] for e in entries if e.endswith(META_SUFFIX)}
+    return [e for e in entries
+            if not e.startswith(".") and not e.endswith(META_SUFFIX) and e not in described
+            and not os.path.isdir(os.path.join(scripts_dir, e))]
+
+
 def shebang(content: bytes) -> Optional[List[str]]:
     """The interpreter command of a script (``['/usr/bin/env', 'bash']``), or None without a shebang."""
     first = content.split(b"\n", 1)[0]
