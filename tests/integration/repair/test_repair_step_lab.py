@@ -104,3 +104,27 @@ def test_escalate_drains_a_node_in_service_that_shows_the_same_old_reason(lab):
     assert lab.wait_for(n, {"drained"}) == ("drained", reason)
     ok, res = step({"node": n, "op": "escalate", "reason": reason})
     assert ok and not res["changed"], res
+
+
+def test_check_refuses_a_node_that_is_not_ours_any_more_and_note_only_touches_ours(lab):
+    n, m = lab.nodes[0], lab.nodes[1]
+    lab.run("scontrol", "update", f"NodeName={n}", "State=DRAIN", "Reason=gpufleet: xid79 gpu3")
+    ok, res = step({"node": n, "op": "check"})
+    assert ok and not res["changed"], res
+    ok, res = step({"node": n, "op": "note", "reason": "gpufleet: held: lab"})
+    assert ok and res["changed"] and lab.wait_for(n, {"drained"}) == ("drained", "gpufleet: held: lab")
+    # an operator takes it over: check fails (the role stops before the reset / reboot / hook), note leaves it alone
+    lab.run("scontrol", "update", f"NodeName={n}", "State=DRAIN", "Reason=ops: cable")
+    ok, res = step({"node": n, "op": "check"})
+    assert not ok and "someone else" in res["msg"], res
+    ok, res = step({"node": n, "op": "note", "reason": "gpufleet: held: lab"})
+    assert ok and not res["changed"] and lab.node_states()[n] == ("drained", "ops: cable")
+    # in service: nothing to note; a damaged history of ours is refused by check
+    ok, res = step({"node": m, "op": "note", "reason": "gpufleet: held: lab"})
+    assert ok and not res["changed"] and lab.node_states()[m][0] == "idle"
+    lab.run("scontrol", "update", f"NodeName={m}", 'Extra={"gf":1,"i":{"c":"gl"')
+    try:
+        ok, res = step({"node": m, "op": "check"})
+        assert not ok and "damaged" in res["msg"], res
+    finally:
+        lab.run("scontrol", "update", f"NodeName={m}", "Extra=")

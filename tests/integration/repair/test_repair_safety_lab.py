@@ -1,0 +1,294 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Repair safety in the Slurm lab, as an SRE tries it: an operator's drain always wins over our history (after a
+crashed or cancelled run, during our reboot, before a replacement); one bad node does not stop the others; the run
+says what it did and fails when it could not do what the policy decided; check mode predicts; the project's own
+agent works as the verify command; the webhook form of the replacement hook."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from repair_lab_helpers import wait_until
+
+pytestmark = pytest.mark.lab
+
+OPS = "ops: cable"
+
+
+def _decisions(art):
+    return {d["node"]: d for d in art["gpufleet_repair_plan"]["decisions"]}
+
+
+def _kill_after_intent(rl, node, step="b", sig=signal.SIGKILL, taken=False):
+    """Start repair.yml, wait until it wrote the intent for ``step`` on ``node`` (and, with ``taken``, until Slurm
+    ran the reboot), then send ``sig`` to its process group and reap it."""
+    proc = rl.start_async()
+
+    def ready():
+        steps = rl.history(node).get("i", {}).get("s", [])
+        done = bool(steps) and steps[-1][0] == step and steps[-1][2] is None
+        if done and taken:
+            done = any(f"node={node}" in ln for ln in rl.reboots())
+        return done or proc.poll() is not None
+
+    try:
+        wait_until(ready, timeout=180, what=f"{step} intent on {node}")
+        assert proc.poll() is None, "the run ended before it could be interrupted"
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=60)
+    finally:
+        rl.kill(proc)
+    steps = rl.history(node)["i"]["s"]
+    assert steps[-1][0] == step and steps[-1][2] is None, rl.history(node)
+
+
+def _reboots(rl, node):
+    return len([ln for ln in rl.reboots() if f"node={node}" in ln])
+
+
+# ---- issue §1 -------------------------------------------------------------------------------------------------
+def test_operator_drain_after_a_crashed_run_is_never_rebooted_nor_resumed(repair_lab):
+    rl = repair_lab
+    lab = rl.lab
+    n = lab.nodes[1]
+    rl.inject(n, "xid79", "reboot")  # GPU lost: the ladder starts with a reboot
+    rl.drained_by_agent(n)
+    _kill_after_intent(rl, n)  # the history now has a pending reboot
+    rebooted = _reboots(rl, n)
+    rl.drain(n, OPS)
+    for _unused in range(2):
+        _r, art = rl.run()  # nothing failed: the node is simply not ours
+        d = _decisions(art)[n]
+        assert (d["action"], d["rule"]) == ("hold", "not_ours"), d
+        state, reason = lab.node_states()[n]
+        assert reason.startswith(OPS) and state != "idle", (state, reason)
+        assert _reboots(rl, n) == rebooted, rl.reboots()
+    h = rl.history(n)
+    assert "i" not in h and OPS in h["nt"] and "closed" in h["nt"], h  # our history on it is closed with a note
+
+
+# ---- issue §2 -------------------------------------------------------------------------------------------------
+def test_operator_drain_during_our_reboot_files_no_replacement(repair_lab):
+    rl = repair_lab
+    lab = rl.lab
+    n = lab.nodes[2]
+    rl.inject(n, "xid79", "never")  # a reboot does not help: the plan's next step would be a replacement (RMA)
+    rl.drained_by_agent(n)
+    _kill_after_intent(rl, n, taken=True)  # Slurm took the reboot, the run is gone
+    rl.drain(n, OPS)
+    started = rl.history(n)["i"]["s"][-1][1]
+    report = rl.dir / "reports" / f"{n}.json"
+    # the agent reports the node unhealthy after the reboot: without the ownership rule the plan now replaces it
+    wait_until(lambda: report.exists() and report.stat().st_mtime > started + 1, timeout=60, what="fresh report")
+    _r, art = rl.run()
+    d = _decisions(art)[n]
+    assert (d["action"], d["rule"], d["hook"]) == ("hold", "not_ours", None), d
+    assert rl.hook_calls() == []
+    assert lab.node_states()[n][1].startswith(OPS), lab.node_states()[n]
+
+
+# ---- issue §7: an AWX cancel (SIGTERM) or Ctrl-C (SIGINT) in the middle of a reboot converges --------------------
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_cancelled_run_converges_with_one_reboot(repair_lab, sig):
+    rl = repair_lab
+    lab = rl.lab
+    n = lab.nodes[1]
+    rl.inject(n, "xid79", "reboot")
+    rl.drained_by_agent(n)
+    _kill_after_intent(rl, n, sig=sig)
+    rl.until(lambda: lab.node_states()[n][0] == "idle", runs=3)
+    assert _reboots(rl, n) == 1, rl.reboots()
+    assert "i" not in rl.history(n), rl.history(n)
+
+
+# ---- issue §5 -------------------------------------------------------------------------------------------------
+def test_one_bad_node_does_not_stop_the_others(repair_lab):
+    rl = repair_lab
+    lab = rl.lab
+    n1, good, n3, n4 = lab.nodes[:4]
+    rl.inject(good, "xid48", "reset_gpu")
+    rl.drained_by_agent(good)
+    rl.uninstall()  # the agent stops writing reports: the bad report files below stay as they are
+    for n in (n1, n3, n4):
+        rl.drain(n, "gpufleet: xid48 gpu3")
+    rl.set_extra(n1, '{"gf":2}')  # a history of a newer version
+    rl.set_extra(n3, '{"gf":1,"i":{"c":"gl","g":3')  # ours, truncated
+    reports = rl.dir / "reports"
+    (reports / f"{n4}.json").write_text(json.dumps({"verdict": "exploded", "action": "reboot"}))
+    (reports / "ghost.json").write_text('{"report": {"verdict": "unhea')  # truncated, a node Slurm does not know
+
+    r, art = rl.run(ok=False)  # the good node is repaired; the run fails because three nodes need a person
+    plan = _decisions(art)
+    assert plan[good]["action"] == "reset_gpu" and len(rl.resets()) == 1
+    assert lab.wait_for(good, "idle", timeout=20)[0] == "idle"
+    assert (plan[n1]["rule"], plan[n3]["rule"], plan[n4]["rule"]) == ("history_unreadable", "history_unreadable",
+                                                                      "bad_report"), plan
+    assert "version 2" in plan[n1]["reason"] and "truncated" in plan[n3]["reason"]
+    assert "exploded" in plan[n4]["reason"]
+    for n in (n1, n3):
+        assert lab.node_states()[n] == ("drained", f"gpufleet: held: repair history unreadable, clear it: "
+                                                   f"scontrol update NodeName={n} Extra="), lab.node_states()[n]
+    assert lab.node_states()[n4] == ("drained", "gpufleet: held: health report unusable, see the repair plan")
+    assert rl.extra(n1) == '{"gf":2}' and rl.extra(n3) == '{"gf":1,"i":{"c":"gl","g":3'  # never overwritten
+    problems = art["gpufleet_repair_summary"]["problems"]
+    assert len(problems) == 3 and all(p.split()[0] in (n1, n3, n4) for p in problems), problems
+    assert "ghost" in r.output  # the report of an unknown node is a warning, not a failure
+
+    # the operator follows the advice: clear the history; the node is planned again (the stale report holds n4)
+    rl.set_extra(n3, "")
+    _r, art = rl.run(ok=False)
+    assert _decisions(art)[n3]["rule"] not in ("history_unreadable", "not_ours"), _decisions(art)[n3]
+
+
+# ---- issue §4 + §7 (verify contract, spare on escalation) --------------------------------------------------------
+def test_escalation_fails_the_run_names_the_node_and_brings_the_spare(repair_lab):
+    rl = repair_lab
+    lab = rl.lab
+    n, spare = lab.nodes[1], lab.nodes[-1]
+    rl.spare(spare)
+    rl.inject(n, "xid48", "reboot")
+    rl.drained_by_agent(n)
+    cfg = {"ladders": {"gpu_memory": ["reset_gpu"]}}  # nothing after the reset: the next step is a person
+
+    # the verify command is the project's own agent, which exits 2 on an unhealthy node: the verdict decides, the
+    # outcome is recorded in this run, and the run fails because the step did not repair the node
+    r, art = rl.run(ok=False, config=cfg)
+    res = {x["node"]: x for x in art["gpufleet_repair_result"]}[n]
+    assert (res["action"], res["verified"], res["failed"]) == ("reset_gpu", "unhealthy", False), res
+    assert rl.history(n)["i"]["s"][-1] == ["g", rl.history(n)["i"]["s"][-1][1], "f"], rl.history(n)
+    assert any(p.startswith(f"{n} reset_gpu: verification unhealthy") for p in
+               art["gpufleet_repair_summary"]["problems"]), art["gpufleet_repair_summary"]
+
+    r, art = rl.run(ok=False, config=cfg)
+    d = _decisions(art)[n]
+    assert d["action"] == "escalate" and d["spare"]["spare"] == spare, d
+    assert art["gpufleet_repair_summary"]["nodes"]["escalated"] == [n]
+    assert "ESCALATED" in r.output
+    state, reason = lab.node_states()[n]
+    assert state == "drained" and reason.startswith("gpufleet: escalated: "), (state, reason)
+    assert lab.wait_for(spare, "idle", timeout=20)[0] == "idle"  # the hot spare took its place
+    assert rl.history(n)["i"]["sp"] == spare
+
+    _r, art = rl.run(config=cfg)  # held for a person: nothing new went wrong, the run succeeds
+    assert _decisions(art)[n]["rule"] == "escalated"
+    assert lab.node_states()[spare][0] == "idle"
+
+
+# ---- issue §7: check mode predicts -------------------------------------------------------------------------------
+def test_check_mode_predicts_without_errors(repair_lab):
+    rl = repair_lab
+    lab = rl.lab
+    n2, n3 = lab.nodes[1], lab.nodes[2]
+    rl.inject(n2, "xid48", "reset_gpu")
+    rl.inject(n3, "xid79", "reboot")
+    rl.drained_by_agent(n2)
+    rl.drained_by_agent(n3)
+    before = lab.node_states()
+    r, art = rl.run(cmdline="--check")
+    plan = _decisions(art)
+    assert (plan[n2]["action"], plan[n3]["action"]) == ("reset_gpu", "reboot"), plan
+    assert "from_json" not in r.output and "fatal" not in r.output.lower(), r.output[-3000:]
+    assert rl.resets() == [] and rl.reboots() == []
+    assert lab.node_states() == before and rl.history(n2) == {} and rl.history(n3) == {}
+    lines = art["gpufleet_repair_summary"]["lines"]
+    assert any(ln.startswith(f"{n3} reboot: would run") for ln in lines), lines
+
+
+# ---- issue §7: the webhook form of the replacement hook, end to end ---------------------------------------------
+class _Hook(BaseHTTPRequestHandler):
+    calls: list = []
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        type(self).calls.append({"key": self.headers.get("Idempotency-Key"), "auth": self.headers.get("Authorization"),
+                                 "body": json.loads(body)})
+        out = b'{"ticket": "RMA-7"}'
+        self.send_response(201)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_replacement_through_the_webhook_is_called_once(repair_lab):
+    rl = repair_lab
+    lab = rl.lab
+    n = lab.nodes[2]
+    _Hook.calls = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        rl.inject(n, "xid79", "never")
+        rl.drained_by_agent(n)
+        hook = {"node_repair_hook_command": [], "node_repair_hook_url": f"http://127.0.0.1:{server.server_port}/rma",
+                "node_repair_hook_headers": {"Authorization": "Bearer lab-secret"}}
+        cfg = {"ladders": {"gpu_lost": ["replace"]}}
+        r, art = rl.run(config=cfg, **hook)
+        assert _decisions(art)[n]["action"] == "replace"
+        assert len(_Hook.calls) == 1, _Hook.calls
+        call = _Hook.calls[0]
+        assert call["body"]["node"] == n and call["body"]["action"] == "replace"
+        assert call["key"] == call["body"]["idempotency_key"] and call["auth"] == "Bearer lab-secret"
+        assert "lab-secret" not in r.output  # headers are no_log
+        state, reason = lab.node_states()[n]
+        assert reason.startswith("gpufleet: replace"), (state, reason)
+        rl.run(config=cfg, **hook)  # the replacement is pending: never filed twice
+        assert len(_Hook.calls) == 1, _Hook.calls
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def test_bad_throttle_is_refused_before_slurm_is_contacted(repair_lab, tmp_path):
+    rl = repair_lab
+    # a scontrol that records every call, first on the PATH of the run
+    fake = tmp_path / "fake-bin"
+    fake.mkdir()
+    calls = tmp_path / "scontrol.log"
+    (fake / "scontrol").write_text(f'#!/usr/bin/env bash\necho "$*" >>{calls}\nexit 1\n')
+    (fake / "scontrol").chmod(0o755)
+    (fake / "sinfo").write_text(f'#!/usr/bin/env bash\necho "sinfo $*" >>{calls}\nexit 1\n')
+    (fake / "sinfo").chmod(0o755)
+    env = dict(rl._envvars())
+    env["PATH"] = f"{fake}:{env['PATH']}"
+    rl._envvars = lambda: env
+    r, _art = rl.run(ok=False, node_repair_throttle=-3)
+    assert "node_repair_throttle" in r.output and "-3" in r.output, r.output[-3000:]
+    assert not calls.exists(), calls.read_text()
+
+
+# ---- issue §7: a slurmctld clean start loses the histories in Extra ---------------------------------------------
+def test_clean_slurmctld_start_loses_histories_and_the_next_incident_starts_afresh(repair_lab):
+    rl = repair_lab
+    lab = rl.lab
+    n = lab.nodes[2]
+    cfg = {"ladders": {"gpu_lost": ["replace"]}, "spares": {"enabled": False}}
+    rl.inject(n, "xid79", "never")
+    rl.drained_by_agent(n)
+    rl.run(config=cfg)
+    assert len(rl.hook_calls()) == 1 and rl.history(n)["i"]["id"] == 1, (rl.hook_calls(), rl.history(n))
+
+    # slurmctld starts without its saved state: every drain and every Extra is gone, the node is idle again
+    lab.script_run("restart", timeout=900)
+    assert rl.history(n) == {}
+    # the agent (HealthCheckProgram) finds the GPU still lost and drains the node again: a new incident, number 1
+    # again; the replacement of the new incident is filed (not taken for the old one, already requested)
+    rl.drained_by_agent(n, timeout=90)
+    _r, art = rl.run(config=cfg)
+    d = _decisions(art)[n]
+    assert (d["action"], d["incident"]) == ("replace", "1"), d
+    calls = rl.hook_calls()
+    assert len(calls) == 2 and calls[0]["idempotency_key"] != calls[1]["idempotency_key"], calls
+    rl.run(config=cfg)  # and only once
+    assert len(rl.hook_calls()) == 2
