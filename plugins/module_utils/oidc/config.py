@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from .errors import ConfigError
-from .transport import is_secure_url
+from .transport import is_plain_ascii, is_secure_url
 
 try:
     import yaml
@@ -65,13 +65,7 @@ PRESETS: Dict[str, Dict[str, Any]] = {
 #: (``allowed_domains``); a name in any other domain is refused, never stripped to its local part.
 DOMAIN_PRESETS = ("okta", "entra")
 
-_PLAIN_ASCII = re.compile(r"[\x21-\x7e]+")
 _ASCII_FOLD = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
-
-
-def is_plain_ascii(name: Any) -> bool:
-    """True for a non-empty string of printable ASCII without spaces: the only identities that are compared."""
-    return isinstance(name, str) and bool(_PLAIN_ASCII.fullmatch(name))
 
 
 def fold_ascii(name: str) -> str:

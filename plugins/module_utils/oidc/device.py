@@ -53,7 +53,7 @@ def display_text(text: Any, limit: int = MAX_MESSAGE) -> str:
 
 def _plain_url(body: Dict[str, Any], key: str, origin: Optional[str]) -> str:
     v = body.get(key)
-    if not isinstance(v, str) or len(v) > MAX_URI or not re.fullmatch(r"[\x21-\x7e]+", v) or not http.is_secure_url(v):
+    if not http.is_plain_ascii(v) or len(v) > MAX_URI or not http.is_secure_url(v):
         raise DeviceFlowError(f"device authorization response: {key} is not a plain https URL of at most "
                               f"{MAX_URI} characters: {ascii(v)[:80]}")
     if origin is not None:

@@ -20,8 +20,9 @@ import pwd
 import re
 from typing import Any, Dict, List, Optional
 
-from .config import OIDCConfig, fold_ascii, is_plain_ascii
+from .config import OIDCConfig, fold_ascii
 from .errors import NotAuthorised
+from .transport import is_plain_ascii
 
 
 def _normalise(cfg: OIDCConfig, name: str) -> str:

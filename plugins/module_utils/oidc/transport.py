@@ -24,6 +24,15 @@ MAX_BODY = 1024 * 1024  # 1 MiB is far more than any discovery document, JWKS or
 _LOOPBACK_HTTP = re.compile(r"^http://(127\.0\.0\.1|localhost|\[::1\])(:\d+)?(/|$)")
 
 
+_PLAIN_ASCII = re.compile(r"[\x21-\x7e]+")
+
+
+def is_plain_ascii(text: Any) -> bool:
+    """True for a non-empty string of printable ASCII without spaces. The one copy of this rule: identities (user
+    names, user_map, domains) and every URL taken from an IdP must pass it."""
+    return isinstance(text, str) and bool(_PLAIN_ASCII.fullmatch(text))
+
+
 def json_loads(raw: Any) -> Any:
     """``json.loads`` for text from outside (IdP answers, token parts, the cache file): every failure, including
     ``RecursionError`` from JSON nested thousands deep and bytes that are not UTF-8, is a ``ValueError``."""
@@ -52,7 +61,7 @@ def require_same_origin(url: Any, base: str, what: str) -> str:
     (the issuer), else raise :class:`IdPUnavailable`: a hostile discovery document must not send client secrets,
     device codes or key fetches to another host, or from an https issuer to a loopback port any local user can
     listen on."""
-    ok = isinstance(url, str) and len(url) <= 2048 and bool(re.fullmatch(r"[\x21-\x7e]+", url)) and is_secure_url(url)
+    ok = is_plain_ascii(url) and len(url) <= 2048 and is_secure_url(url)
     try:
         ok = ok and _origin(url) == _origin(base)
     except ValueError:  # a port that is not a number
