@@ -124,7 +124,7 @@ def _in_service_view(node: Any) -> Dict[str, Any]:
 
 
 def drain_decision(
-    report: Mapping[str, Any],
+    report: Any,
     node: str,
     nodes: Iterable[Any],
     config: Any,
