@@ -7,8 +7,9 @@ import html
 import io
 import json
 import os
-import tempfile
 from pathlib import Path
+
+from ansible_collections.gpufleet.reliability.plugins.module_utils.fileutil import atomic_write
 
 from .runner import CAUSES
 
@@ -17,12 +18,15 @@ CAUSE_LABEL = {"lost_work": "work lost since checkpoint", "detection": "detectio
                "straggler": "slow nodes (stragglers)"}
 
 
+def _umask_mode() -> int:
+    """The mode open() gives a new file (0666 less the umask), as for the PNGs matplotlib writes."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
+    atomic_write(path, data, _umask_mode(), makedirs=True)
 
 
 def _fmt(ci: dict, digits: int = 1, pct: bool = False) -> str:
