@@ -41,7 +41,7 @@ _MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun",
 _NVL5_SEV_RE = re.compile(r"\b(Fatal|Nonfatal|Non-fatal)\b")
 _RECOVERY_RE = re.compile(r"recovery action changed from (?P<old>0x[0-9a-fA-F]+|\d+)[^)]*\)? ?to "
                           r"(?P<new>0x[0-9a-fA-F]+|\d+)")
-_GPC_TPC_RE = re.compile(r"GPC (?P<gpc>\d+), TPC (?P<tpc>\d+)")
+_GPC_TPC_RE = re.compile(r"GPC (?P<gpc>\d{1,6}), TPC (?P<tpc>\d{1,6})(?!\d)")  # bounded: int() of 5000 digits raises
 _RST_RE = re.compile(r"RST: (?P<rst>Yes|No), D-RST: (?P<drst>Yes|No)")
 
 Line = Union[str, bytes, KernelEvent]

@@ -8,6 +8,7 @@ import signal
 from contextlib import contextmanager
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.health import parse_kmsg, read_nvidia_smi_text
+from ansible_collections.gpufleet.reliability.plugins.module_utils.health.kmsg_parse import gpc_tpc_of
 
 
 class _Deadline(Exception):
@@ -66,3 +67,11 @@ def test_smi_text_key_value_split_unchanged():
     g = read_nvidia_smi_text(text).gpus[0]
     assert (g.name, g.temperature) == ("NVIDIA H100 80GB HBM3", 35)
     assert g.serial and g.serial.strip() == "1650000000000"
+
+
+def test_gpc_tpc_of_a_huge_number_is_none():
+    # fuzz finding: int() of a 7666-digit TPC number raised ValueError (Python's 4300-digit limit)
+    (ev,) = parse_kmsg("NVRM: Xid (PCI:0000:38:00): 13, GPC 5, TPC " + "3" * 7666)
+    assert gpc_tpc_of(ev) is None
+    (ev,) = parse_kmsg("NVRM: Xid (PCI:0000:38:00): 13, Graphics SM Warp Exception on (GPC 5, TPC 3, SM 0)")
+    assert gpc_tpc_of(ev) == (5, 3)
