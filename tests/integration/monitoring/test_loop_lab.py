@@ -135,7 +135,7 @@ def test_alert_to_rulebook_to_repair_and_resume(loop):
     rl.inject(n2, "xid48", "reset_gpu")
     state, reason = rl.drained_by_agent(n2)
     assert reason.startswith("gpufleet: xid48 gpu3")
-    wait_for(lambda: rl.resets(), 180, "the rulebook's repair run to reset the GPU", interval=0.5)
+    wait_for(rl.resets, 180, "the rulebook's repair run to reset the GPU", interval=0.5)
     wait_for(lambda: lab.node_states()[n2][0] == "idle", 120, f"{n2} verified and resumed", interval=0.5)
     resets = rl.resets()
     assert len(resets) == 1 and f" {n2} -r -i 3" in resets[0], resets
