@@ -12,7 +12,7 @@ export ANSIBLE_COLLECTIONS_PATH := $(REPO)/collections
 export ANSIBLE_CONFIG := $(REPO)/ansible.cfg
 export PATH := $(REPO)/$(BIN):$(PATH)
 
-.PHONY: setup demo test lint unit sanity ansible-lint integration integration-2411 bench fuzz lab lab-stop clean lock help
+.PHONY: setup demo test lint unit sanity ansible-lint integration integration-2411 test-221 bench fuzz lab lab-stop clean lock help
 
 help:
 	@echo "make demo   - set up and run the main job (the simulator's default comparison)"
@@ -80,7 +80,27 @@ integration: setup
 integration-2411: setup
 	SLURM_LAB_RELEASE=24.11 $(PY) -m pytest tests/integration -q -m lab
 
-test: lint unit sanity ansible-lint integration integration-2411
+# The ansible-core 2.21 lane: Python 3.12 (pyenv or the system's python3.12), its own venv. Versions: ansible-core
+# from requirements/ansible-2.21.txt, every other pin from dev.txt (used as constraints without its ansible-core line).
+VENV221 := .cache/venv-ansible-2.21
+PY221 := $(VENV221)/bin/python
+PYTHON312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12.*/bin/python3.12) $(shell command -v python3.12))
+$(VENV221)/.stamp: requirements/ansible-2.21.txt requirements/dev.txt pyproject.toml
+	@test -n "$(PYTHON312)" || { echo "ansible-core 2.21 lane: no Python 3.12 found (pyenv install 3.12)" >&2; exit 1; }
+	test -x $(PY221) || $(PYTHON312) -m venv $(VENV221)
+	grep -v '^ansible-core==' requirements/dev.txt > $(VENV221)/constraints.txt
+	$(PY221) -m pip install -q --disable-pip-version-check -c $(VENV221)/constraints.txt -r requirements/ansible-2.21.txt
+	$(PY221) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	echo "$(REPO)/collections" > "$$($(PY221) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/gpufleet_collections.pth"
+	touch $@
+
+# sanity (controller Python 3.12; the 2.19 lane covers 3.9-3.13), the unit tests and a playbook smoke through
+# ansible-runner, all on ansible-core 2.21.
+test-221: setup $(VENV221)/.stamp
+	GPUFLEET_SANITY_VENV=$(VENV221) scripts/sanity.sh --python 3.12
+	PATH=$(REPO)/$(VENV221)/bin:$$PATH $(PY221) -m pytest tests/unit tests/integration/test_ansible_core_smoke.py -q
+
+test: lint unit sanity ansible-lint integration integration-2411 test-221
 
 bench: setup
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b; done

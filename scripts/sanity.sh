@@ -4,10 +4,16 @@
 # Runs `ansible-test sanity --venv` on a copy of the collection laid out where ansible-test wants it
 # (/tmp/gpufleet-build-*/ansible_collections/gpufleet/reliability), on every target Python this machine has (3.9+).
 # The copy holds exactly the files git tracks or would track, so nothing built (.venv, node_modules) is linted.
+# GPUFLEET_SANITY_VENV picks the venv whose ansible-test runs (default .venv: ansible-core 2.19; the 2.21 lane
+# passes its own), relative to the checkout or absolute.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
+venv=${GPUFLEET_SANITY_VENV:-.venv}
+[[ "$venv" == /* ]] || venv="$repo/$venv"
+[[ -x "$venv/bin/ansible-test" ]] || { echo "sanity: no ansible-test in $venv (make setup)" >&2; exit 1; }
 # Outside the checkout: inside it, ansible-test would take its file list from the enclosing git work tree.
-build=${GPUFLEET_BUILD_DIR:-/tmp/gpufleet-build-$(printf %s "$repo" | md5sum | cut -c1-8)}
+# One tree per checkout and venv, so that two lanes can run at once.
+build=${GPUFLEET_BUILD_DIR:-/tmp/gpufleet-build-$(printf %s "$repo:$venv" | md5sum | cut -c1-8)}
 dest="$build/ansible_collections/gpufleet/reliability"
 pybin="$build/pybin"
 rm -rf "$dest"
@@ -21,6 +27,6 @@ for v in 3.9 3.10 3.11 3.12 3.13; do
     if [ -x "$cand" ]; then ln -sfn "$cand" "$pybin/python$v"; pythons+=("$v"); break; fi
   done
 done
-echo "sanity: target Pythons ${pythons[*]}"
+echo "sanity: $("$venv/bin/ansible" --version | head -1), target Pythons ${pythons[*]}"
 cd "$dest"
-PATH="$pybin:$repo/.venv/bin:$PATH" "$repo/.venv/bin/ansible-test" sanity --venv --color no "$@"
+PATH="$pybin:$venv/bin:$PATH" "$venv/bin/ansible-test" sanity --venv --color no "$@"
