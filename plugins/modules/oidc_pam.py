@@ -37,6 +37,9 @@ options:
       - The OIDC settings, as in the YAML configuration file (see the C(gpufleet.reliability.oidc_login) role and
         C(docs/oidc.md)). At least C(issuer), C(audience), C(username_claim), C(groups_claim), C(allowed_groups)
         and C(jwks_cache_dir) (a preset can supply the claim names).
+      - With C(preset=okta) or C(preset=entra), C(allowed_domains) must be set too (the domains whose
+        C(user@domain) names map to C(user); C([]) when names carry no domain). C(min_uid) and C(max_uid)
+        (default 1000 and 60000) bound the uid of the mapped local user, so system accounts are refused.
       - Required when O(state=present).
       - Secrets (C(client_secret), and a password in C(proxy)) are written to O(config_path) as given but are
         shown as C(VALUE_SPECIFIED_IN_NO_LOG_PARAMETER) in the module's result, its diff and the logged

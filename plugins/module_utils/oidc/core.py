@@ -68,7 +68,6 @@ class Authenticator:
 
             raise ConfigError("client_id", "required for the device grant")
         meta = self.keys.metadata()
-        kw.setdefault("issuer", cfg.issuer)
         return DeviceGrant(meta, cfg.client_id, cfg.client_secret, cfg.scope, cfg.resource, cfg.http_timeout, **kw)
 
     def token_from_response(self, token_response: Dict[str, Any]) -> Any:

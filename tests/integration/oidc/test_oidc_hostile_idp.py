@@ -109,6 +109,9 @@ def test_cli_device_text_is_cleaned(idp, tmp_path):
     _device(idp)  # control: a sane answer shows as is
     r = _cli(tmp_path, idp.issuer, "device")
     assert f"Open {idp.issuer}/activate and confirm the code WDJB-MJHT" in r.stderr, r.stderr
+    _device(idp, verification_uri="https://microsoft.com/devicelogin")  # another host than the issuer, like Entra
+    r = _cli(tmp_path, idp.issuer, "device")
+    assert r.returncode == 6 and "Open https://microsoft.com/devicelogin and confirm" in r.stderr, r.stderr
 
 
 def test_pam_device_prompt_is_cleaned(idp, pam_env, tmp_path):
@@ -126,10 +129,11 @@ def test_pam_device_prompt_is_cleaned(idp, pam_env, tmp_path):
 @pytest.mark.parametrize("changes, reason", [
     ({"verification_uri": "{iss}/activate\x1b[8m"}, "verification_uri is not a plain https URL"),
     ({"verification_uri": "{iss}/activate\r\nPassword:"}, "verification_uri is not a plain https URL"),
-    ({"verification_uri": "https://evil.example/activate"}, "leaves the issuer's origin"),
+    ({"verification_uri": "javascript:alert(1)//https://x"}, "verification_uri is not a plain https URL"),
     ({"verification_uri": "http://evil.example/activate"}, "verification_uri is not a plain https URL"),
     ({"verification_uri": "{iss}/" + "a" * 5000}, "verification_uri is not a plain https URL"),
-    ({"verification_uri_complete": "https://evil.example/?code=WDJB"}, "leaves the issuer's origin"),
+    ({"verification_uri_complete": "file:///etc/shadow"}, "verification_uri_complete is not a plain https URL"),
+    ({"verification_uri_complete": "{iss}/?code=\u202eWDJB"}, "verification_uri_complete is not a plain https URL"),
     ({"user_code": "W" * 5000}, "user_code is empty or longer than 64"),
     ({"user_code": "\x1b[2J\x07"}, "user_code is empty"),
     ({"error": "\x1b[2Jbad", "error_description": "x\x1b]0;t\x07y" * 100}, "device authorization refused: bad: xy"),
