@@ -1,0 +1,74 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The lab script's waits end on time and say why.
+
+A lab of this module's own (1 node, port base LAB_WAITS_PORT_BASE, the lane's release) is started; then its
+munged is frozen (SIGSTOP) and its slurmctld killed, and `slurm-lab.sh start` runs again with
+SLURM_LAB_CTLD_TIMEOUT=5: the new slurmctld cannot get a credential, so it never answers `scontrol ping`. The start
+must fail, name its bound, and show the last ping answer and the tails of slurmctld's and munged's logs. (It used
+to count 300 attempts, which under load took 10 minutes to report "within 30 s", with no diagnosis.)
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.lab]
+REPO = Path(__file__).resolve().parents[2]
+LAB_SCRIPT = REPO / "tests" / "lab" / "slurm-lab.sh"
+RELEASE = os.environ.get("SLURM_LAB_RELEASE", "22.05")
+PORT_BASE = int(os.environ.get("LAB_WAITS_PORT_BASE", "17950"))
+LAB_DIR = Path(os.environ.get("LAB_WAITS_DIR", f"/tmp/gpufleet-lab-waits-{RELEASE}-{PORT_BASE}"))
+
+
+def _lab(cmd: str, timeout: float = 300, **extra) -> subprocess.CompletedProcess:
+    env = dict(os.environ, SLURM_LAB_PORT_BASE=str(PORT_BASE), SLURM_LAB_DIR=str(LAB_DIR), SLURM_LAB_NODES="1",
+               SLURM_LAB_HEALTHCHECK_INTERVAL="0", SLURM_LAB_RELEASE=RELEASE, **extra)
+    return subprocess.run(["bash", str(LAB_SCRIPT), cmd], env=env, capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
+def _pid(name: str) -> int:
+    return int((LAB_DIR / "run" / f"{name}.pid").read_text().strip())
+
+
+def _gone(pid: int, timeout: float = 15) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not Path(f"/proc/{pid}").exists():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_slurmctld_that_never_answers_fails_within_its_bound_with_a_diagnosis():
+    r = _lab("start")
+    assert r.returncode == 0, r.stdout + r.stderr
+    munged = _pid("munged")
+    try:
+        ctld = _pid("slurmctld")
+        os.kill(munged, signal.SIGSTOP)
+        os.kill(ctld, signal.SIGKILL)
+        assert _gone(ctld)
+        r = _lab("start", timeout=120, SLURM_LAB_CTLD_TIMEOUT="5")
+        assert r.returncode != 0, r.stdout + r.stderr
+        assert "slurmctld did not answer 'scontrol ping' within 5 s" in r.stderr, r.stderr
+        assert "--- last 'scontrol ping'" in r.stderr
+        assert f"--- {LAB_DIR}/log/slurmctld.log (tail)" in r.stderr
+        assert f"--- {LAB_DIR}/log/munged.log (tail)" in r.stderr
+    finally:
+        os.kill(munged, signal.SIGCONT)
+        stop = _lab("stop", timeout=120)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert _gone(munged)
+
+
+def test_bad_timeout_setting_is_refused_by_name():
+    r = _lab("status", SLURM_LAB_CTLD_TIMEOUT="soon")
+    assert r.returncode != 0
+    assert "SLURM_LAB_CTLD_TIMEOUT must be a positive number of seconds, got 'soon'" in r.stderr
