@@ -6,6 +6,9 @@ The real NHC 1.4.3 (tests/thirdparty/nhc) is installed into a private prefix and
 HealthCheckProgram, with a check that fails on one node. Then, as a site would: `--check --diff`, the
 slurm_reliability role for real, and again (nothing changes). Afterwards NHC and the gpufleet agent both still
 drain (each with its own reason), and the repair playbook repairs the agent's node and leaves NHC's node alone.
+
+Without the lab, on copies of a site's slurm.conf: refuse and replace, PrologFlags kept, and include mode (a
+slurm.conf templated by another tool is only read; the profile goes to a file of our own).
 """
 from __future__ import annotations
 
@@ -26,8 +29,6 @@ NHC_TARBALL = REPO / "tests" / "thirdparty" / "nhc" / "nhc-1.4.3.tar.gz"
 sys.path.insert(0, str(REPO / "tests" / "integration" / "repair"))
 
 from repair_lab_helpers import RepairLab, wait_until  # noqa: E402
-
-pytestmark = pytest.mark.lab
 
 
 def install_nhc(base: Path, lab, failing_node: str) -> Path:
@@ -139,6 +140,7 @@ def changed(r) -> int:
     return sum((r.stats or {}).get("changed", {}).values())
 
 
+@pytest.mark.lab
 def test_nhc_and_the_agent_both_drain_and_repair_leaves_nhc_alone(lab, tmp_path, installed_collection,
                                                                    monkeypatch):
     monkeypatch.setenv("PATH", str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
@@ -236,3 +238,105 @@ def test_nhc_and_the_agent_both_drain_and_repair_leaves_nhc_alone(lab, tmp_path,
         wait_config(lab, "HealthCheckProgram", str(lab.dir / "bin" / "healthcheck"))
         shutil.rmtree(work, ignore_errors=True)
         lab.reset()
+
+
+# ------------------------------------------------------------------ without the lab: a site's slurm.conf copy
+SITE_CONF = """\
+# written by the site's configuration tool
+ClusterName=site
+HealthCheckProgram=/usr/sbin/nhc
+HealthCheckInterval=300
+Epilog=/etc/slurm/epilog.sh
+PrologFlags=Contain,X11
+NodeName=n[1-2] CPUs=4 State=UNKNOWN
+"""
+
+
+def copy_vars(base: Path) -> dict:
+    return {
+        "slurm_reliability_slurm_conf": str(base / "slurm.conf"),
+        "slurm_reliability_gres_conf": str(base / "gres.conf"),
+        "slurm_reliability_cgroup_conf": str(base / "cgroup.conf"),
+        "slurm_reliability_script_dir": str(base / "libexec"),
+        "slurm_reliability_epilog_dir": str(base / "epilog.d"),
+        "slurm_reliability_reconfigure": False,
+        "slurm_reliability_slurm_version": "22.05.8",
+        "slurm_reliability_backup": False,
+        "gpufleet_slurm_healthcheck_program": "/usr/local/sbin/gpufleet-healthcheck",
+    }
+
+
+def tree(base: Path) -> dict:
+    return {str(p.relative_to(base)): (os.readlink(p) if p.is_symlink() else p.read_bytes() if p.is_file() else None)
+            for p in sorted(base.rglob("*"))}
+
+
+def failed_msg(tasks) -> str:
+    return " ".join(str(res.get("msg")) for results in tasks.values() for res in results
+                    if res["_event"] == "runner_on_failed")
+
+
+def test_refuse_names_the_settings_and_changes_nothing(tmp_path, installed_collection):
+    base = tmp_path / "etc"
+    base.mkdir()
+    (base / "slurm.conf").write_text(SITE_CONF)
+    r, tasks = harden(installed_collection, tmp_path,
+                      {**copy_vars(base), "slurm_reliability_existing_programs": "refuse"})
+    assert r.status == "failed"
+    msg = failed_msg(tasks)
+    assert "HealthCheckProgram=/usr/sbin/nhc and Epilog=/etc/slurm/epilog.sh" in msg, msg
+    assert "slurm_reliability_existing_programs" in msg and "nothing was changed" in msg
+    assert tree(base) == {"slurm.conf": SITE_CONF.encode()}
+
+
+def test_chain_keeps_prolog_flags_and_replace_says_what_it_drops(tmp_path, installed_collection):
+    base = tmp_path / "etc"
+    base.mkdir()
+    (base / "slurm.conf").write_text(SITE_CONF)
+    r, tasks = harden(installed_collection, tmp_path, copy_vars(base))
+    assert r.status == "successful", tasks
+    conf = (base / "slurm.conf").read_text()
+    assert f"HealthCheckProgram={base}/libexec/gpufleet-healthcheck-chain\n" in conf
+    assert "PrologFlags=Contain,X11,Alloc,DeferBatch\n" in conf and f"Epilog={base}/epilog.d/*\n" in conf
+    chain = (base / "libexec" / "gpufleet-healthcheck-chain").read_text()
+    assert "site=/usr/sbin/nhc\nours=/usr/local/sbin/gpufleet-healthcheck\n" in chain
+    assert os.readlink(base / "epilog.d" / "00-site-epilog.sh") == "/etc/slurm/epilog.sh"
+    r, tasks = harden(installed_collection, tmp_path, copy_vars(base))
+    assert r.status == "successful" and changed(r) == 0, tasks
+
+    (base / "slurm.conf").write_text(SITE_CONF)
+    r, tasks = harden(installed_collection, tmp_path,
+                      {**copy_vars(base), "slurm_reliability_existing_programs": "replace"})
+    assert r.status == "successful", tasks
+    said = tasks["Say what is replaced (slurm_reliability_existing_programs=replace)"][0]["msg"]
+    assert "HealthCheckProgram=/usr/sbin/nhc and Epilog=/etc/slurm/epilog.sh" in said and "no longer run" in said
+    assert "HealthCheckProgram=/usr/local/sbin/gpufleet-healthcheck\n" in (base / "slurm.conf").read_text()
+
+
+def test_include_mode_only_reads_a_templated_slurm_conf(tmp_path, installed_collection):
+    base = tmp_path / "etc"
+    base.mkdir()
+    ours = base / "gpufleet-reliability.conf"
+    extravars = {**copy_vars(base), "slurm_reliability_config_mode": "include",
+                 "slurm_reliability_include_file": str(ours)}
+    (base / "slurm.conf").write_text(SITE_CONF)  # the template has no Include line yet
+    r, tasks = harden(installed_collection, tmp_path, extravars)
+    assert r.status == "failed" and f'has no line "Include {ours}"' in failed_msg(tasks), failed_msg(tasks)
+    assert tree(base) == {"slurm.conf": SITE_CONF.encode()}
+    late = SITE_CONF + f"Include {ours}\nHealthCheckInterval=60\n"  # a key after the Include overrides ours
+    (base / "slurm.conf").write_text(late)
+    r, tasks = harden(installed_collection, tmp_path, extravars)
+    assert r.status == "failed" and f'sets HealthCheckInterval after "Include {ours}"' in failed_msg(tasks)
+    assert not ours.exists()
+
+    templated = SITE_CONF + f"Include {ours}\n"
+    (base / "slurm.conf").write_text(templated)
+    for _run_number in range(2):
+        r, tasks = harden(installed_collection, tmp_path, extravars)
+        assert r.status == "successful", tasks
+        assert (base / "slurm.conf").read_text() == templated
+    assert changed(r) == 0, tasks
+    text = ours.read_text()
+    assert f"HealthCheckProgram={base}/libexec/gpufleet-healthcheck-chain\n" in text
+    assert "HealthCheckInterval=300\n" in text and "PrologFlags=Contain,X11,Alloc,DeferBatch\n" in text
+    assert "ClusterName" not in text and "NodeName" not in text
