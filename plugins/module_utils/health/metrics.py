@@ -23,7 +23,7 @@ import os
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from .kmsg_parse import parse_kmsg
-from .model import CLOCK_REASON_BITS, PROBE_FAILED, PROBE_TIMEOUT, Snapshot
+from .model import CLOCK_REASON_BITS, PROBE_FAILED, PROBE_TIMEOUT, NvLinkInfo, Snapshot
 from .report import ACTION_ORDER, SEVERITIES, VERDICTS, Report, action_rank
 from .state import atomic_write
 
@@ -229,10 +229,11 @@ def _gpus(w: _Writer, node: str, snap: Snapshot) -> None:
     reasons = []
     reason_time = []
     for g in snap.gpus:
-        if g.clocks_event_reasons is not None:
-            active = set(g.clocks_event_reasons)
+        if isinstance(g.clocks_event_reasons, (list, tuple)):
+            active = {r for r in g.clocks_event_reasons if isinstance(r, str)}
             reasons += [(dict(_gpu_labels(node, g), reason=r), int(r in active)) for r in CLOCK_REASON_BITS]
-        for r, us in sorted((g.clocks_event_counters_us or {}).items()):
+        counters_us = g.clocks_event_counters_us if isinstance(g.clocks_event_counters_us, Mapping) else {}
+        for r, us in sorted(counters_us.items(), key=lambda kv: str(kv[0])):
             if _num(us) is not None and us >= 0:
                 reason_time.append((dict(_gpu_labels(node, g), reason=r), us / 1e6))
     w.metric("gpufleet_gpu_clocks_event_reason", "1 when this clocks-event (throttle) reason is active now.",
@@ -242,14 +243,15 @@ def _gpus(w: _Writer, node: str, snap: Snapshot) -> None:
     links = []
     errors = []
     for g in snap.gpus:
-        if g.nvlinks is None:
+        if not isinstance(g.nvlinks, (list, tuple)):
             continue
-        known = [link.active for link in g.nvlinks if link.active is not None]
+        nvlinks = [link for link in g.nvlinks if isinstance(link, NvLinkInfo)]
+        known = [link.active for link in nvlinks if isinstance(link.active, bool)]
         if known:
             links += [(dict(_gpu_labels(node, g), state="up"), sum(1 for a in known if a)),
                       (dict(_gpu_labels(node, g), state="down"), sum(1 for a in known if not a))]
         for kind in NVLINK_COUNTERS:
-            values = [getattr(link, f"{kind}_errors") for link in g.nvlinks]
+            values = [getattr(link, f"{kind}_errors") for link in nvlinks]
             values = [v for v in values if _num(v) is not None]
             if values:
                 errors.append((dict(_gpu_labels(node, g), type=kind), sum(values)))
@@ -259,7 +261,7 @@ def _gpus(w: _Writer, node: str, snap: Snapshot) -> None:
              errors)
     w.metric("gpufleet_gpu_probe_errors", "Probe calls that failed for this GPU in the last check "
              "(not counting unsupported ones).", "gauge",
-             [(_gpu_labels(node, g), len(g.probe_errors or {})) for g in snap.gpus])
+             [(_gpu_labels(node, g), len(g.probe_errors)) for g in snap.gpus if isinstance(g.probe_errors, Mapping)])
 
 
 def _counters(w: _Writer, node: str, snap: Optional[Snapshot], counters: Mapping[str, Any]) -> None:

@@ -165,6 +165,18 @@ def test_hostile_strings_stay_inside_their_label(evil):
     assert "gpufleet_gpu_ecc_volatile_uncorrected_errors" not in text  # a string is not a number
 
 
+@pytest.mark.parametrize("field,value", [("probe_errors", 5), ("clocks_event_reasons", 5),
+                                         ("clocks_event_counters_us", [1]), ("nvlinks", [5]), ("nvlinks", 5),
+                                         ("clocks_event_reasons", [None, 3]), ("clocks_event_counters_us", {3: "x"})])
+def test_wrong_types_in_a_snapshot_do_not_break_the_text(field, value):
+    g = GpuSnapshot(index=0, uuid="GPU-1", temperature=40.0)
+    setattr(g, field, value)
+    snap = Snapshot(gpus=[g], source="nvml")
+    text = metrics.prometheus_text(judge(Snapshot(source="nvml"), (), now=1.0), snap, 0.1, "gpu1")
+    assert promtool(text).returncode == 0
+    assert values(text, "gpufleet_gpu_temperature_celsius") == [40.0]
+
+
 def test_xid_counter_counts_once_and_survives_runs():
     snap = dict(snapshots())["synthetic"]
     c1 = metrics.update_counters(None, snap, KMSG)
