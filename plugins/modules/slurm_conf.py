@@ -187,8 +187,8 @@ slurm_version:
 current:
   description:
     - The file's global settings and C(Include) lines as they were before any change, in file order, one
-      C(key)/C(value) item each (keys spelt as slurm.conf(5) spells them; an C(Include) line is
-      C({key: Include, value: <file>})). Node and partition lines are left out.
+      C(key)/C(value) item each (keys spelt as slurm.conf(5) spells them; an C(Include) line has the key
+      C(Include) and the included file as value). Node and partition lines are left out.
     - With no O(settings), O(nodes) or O(partitions) the module only reads the file, so this is how a play
       finds, for example, the C(HealthCheckProgram) or C(Epilog) a site already has and where its C(Include)
       lines are. Slurm uses the last occurrence of a repeated key.
