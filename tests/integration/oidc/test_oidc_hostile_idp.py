@@ -175,3 +175,15 @@ def test_deeply_nested_idp_json_is_clean_error(idp, tmp_path, path):
     r = _cli(tmp_path, idp.issuer, "validate", stdin=sign(idp.private, claims_for(idp.issuer, AUD, user=ALICE)))
     assert r.returncode == 5 and "is not JSON" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and "RecursionError" not in r.stderr
+
+
+@pytest.mark.parametrize("over, key", [
+    ({"client_secret": 918273645}, "client_secret"),
+    ({"proxy": "http://svc:hunter2-Zq9@proxy.example:3128/x"}, "proxy"),
+])
+def test_pam_log_never_shows_config_secrets(idp, pam_env, tmp_path, over, key):
+    service = pam_env.service(write_config(tmp_path / "p.yml", idp.issuer, tmp_path / "cache", **over), "token")
+    rc, out = pamtester(service, ALICE, lambda p: "x")
+    log = pam_env.log_text()
+    assert rc != 0 and f"config key '{key}'" in log, log
+    assert "918273645" not in log + out and "hunter2" not in log + out, log

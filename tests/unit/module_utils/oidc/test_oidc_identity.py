@@ -6,6 +6,8 @@ import pwd
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc import cli
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.config import load_config, parse_config
@@ -148,3 +150,25 @@ def test_yaml_error_shows_position_not_content(base_conf, tmp_path):
     with pytest.raises(ConfigError, match=r"not valid YAML \(line \d+, column \d+\)") as ei:
         load_config(str(p))
     assert "q'" not in str(ei.value) and SECRET not in str(ei.value)
+
+
+# ------------------------------------------------------------------------------------------------ property
+
+
+#: the most permissive settings (any regex, any uid but 0): only the ASCII rule stands between a name and a user
+_PERMISSIVE = parse_config({"issuer": "http://127.0.0.1:9", "audience": "a", "username_claim": "preferred_username",
+                            "groups_claim": "groups", "allowed_groups": ["g"], "jwks_cache_dir": "/nonexistent",
+                            "username_regex": r"^.+$", "min_uid": 1, "max_uid": 2 ** 32 - 1})
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.text(min_size=1, max_size=40))
+def test_only_plain_ascii_names_ever_map(name):
+    """Whatever the IdP sends, a mapped name comes from a plain-ASCII claim by folding A-Z only."""
+    cfg = _PERMISSIVE
+    try:
+        user = map_user(cfg, {"preferred_username": name})
+    except NotAuthorised:
+        return
+    assert name.isascii() and name.isprintable() and " " not in name
+    assert user == "".join(chr(ord(c) + 32) if "A" <= c <= "Z" else c for c in name)
