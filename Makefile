@@ -12,7 +12,7 @@ export ANSIBLE_COLLECTIONS_PATH := $(REPO)/collections
 export ANSIBLE_CONFIG := $(REPO)/ansible.cfg
 export PATH := $(REPO)/$(BIN):$(PATH)
 
-.PHONY: setup demo test lint unit sanity ansible-lint integration integration-2411 test-221 bench fuzz lab lab-stop clean lock help
+.PHONY: setup demo test lint unit sanity ansible-lint integration integration-2411 test-221 ee-context bench fuzz lab lab-stop clean lock help
 
 help:
 	@echo "make demo   - set up and run the main job (the simulator's default comparison)"
@@ -41,8 +41,6 @@ $(VENV)/.stamp-deps: requirements/dev.txt
 $(VENV)/.stamp-tools: $(VENV)/.stamp-deps pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	echo "$(REPO)/collections" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/gpufleet_collections.pth"
-	mkdir -p $$HOME/.ansible/test/cache
-	for v in 24_2 25_2; do cp scripts/get_pip_offline.py $$HOME/.ansible/test/cache/get_pip_$$v.py; done
 	touch $@
 
 collections/ansible_collections/gpufleet/reliability:
@@ -101,6 +99,14 @@ test-221: setup $(VENV221)/.stamp
 	PATH=$(REPO)/$(VENV221)/bin:$$PATH $(PY221) -m pytest tests/unit tests/integration/test_ansible_core_smoke.py -q
 
 test: lint unit sanity ansible-lint integration integration-2411 test-221
+
+# The AWX / AAP execution environment's build context (docs/awx/README.md): the collection tarball under the
+# version-free name execution-environment.yml expects, then ansible-builder create into dist/ee-context.
+ee-context: setup
+	rm -rf dist/ee-context dist/gpufleet-reliability*.tar.gz
+	$(BIN)/ansible-galaxy collection build --force --output-path dist .
+	mv dist/gpufleet-reliability-*.tar.gz dist/gpufleet-reliability.tar.gz
+	$(BIN)/ansible-builder create -f execution-environment.yml -c dist/ee-context
 
 bench: setup
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b; done

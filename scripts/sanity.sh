@@ -27,6 +27,18 @@ for v in 3.9 3.10 3.11 3.12 3.13; do
     if [ -x "$cand" ]; then ln -sfn "$cand" "$pybin/python$v"; pythons+=("$v"); break; fi
   done
 done
+# ansible-test keeps its pip bootstrap script and its sanity venvs under ~/.ansible/test: give it a home inside the
+# checkout (.cache, ignored by git and the build), never the user's own. Its pip bootstrap host is not reachable,
+# so the stand-in goes there under the name of the pip version this ansible-test asks for.
+home="$repo/.cache/ansible-test-home"
+mkdir -p "$home/.ansible/test/cache"
+pip_versions=$(grep -ho "pip='[0-9.]*'" "$venv"/lib/python3*/site-packages/ansible_test/_internal/python_requirements.py \
+  | sed "s/^pip='//; s/'$//")
+[ -n "$pip_versions" ] || { echo "sanity: cannot find the pip version ansible-test bootstraps" >&2; exit 1; }
+for v in $pip_versions; do cp "$repo/scripts/get_pip_offline.py" "$home/.ansible/test/cache/get_pip_${v//./_}.py"; done
+# pip keeps the user's cache and configuration
+export PIP_CACHE_DIR="${PIP_CACHE_DIR:-$HOME/.cache/pip}"
+if [ -z "${PIP_CONFIG_FILE:-}" ] && [ -f "$HOME/.config/pip/pip.conf" ]; then export PIP_CONFIG_FILE="$HOME/.config/pip/pip.conf"; fi
 echo "sanity: $("$venv/bin/ansible" --version | head -1), target Pythons ${pythons[*]}"
 cd "$dest"
-PATH="$pybin:$venv/bin:$PATH" "$venv/bin/ansible-test" sanity --venv --color no "$@"
+HOME="$home" PATH="$pybin:$venv/bin:$PATH" "$venv/bin/ansible-test" sanity --venv --color no "$@"
