@@ -22,8 +22,11 @@
 #   SLURM_LAB_CHROOT [/var/cache/gpufleet/trixie-chroot]  (built once with debootstrap, then reused)
 #   SLURM_LAB_CHROOT_BINDS [/tmp /work /root /home /opt /srv]  host dirs bound at the same path in the chroot
 #                          (the checkout holding this script is added when none of them covers it)
-#   SLURM_LAB_CHROOT_USERS [host = the host's /etc/passwd and /etc/group are seen inside, as a cluster node sees
+#   SLURM_LAB_CHROOT_USERS [host = the chroot's /etc/passwd and /etc/group hold the host's, as a cluster node sees
 #                          the site's directory: tests' local users exist for the 24.11 daemons too | chroot]
+#                          (copied in place - same inode, never renamed or bind-mounted - at every chroot command:
+#                          mounts can outlive their namespace here, and a file bind pins an inode that useradd
+#                          replaces, which broke every later mount on that path)
 #
 # The health-check program drains a node when $LAB/flags/<node>.bad exists, then, if $LAB/etc/healthcheck.hook
 # exists and is executable, execs it (PATH and SLURM_CONF exported, SLURMD_NODENAME passed through). The
@@ -358,6 +361,10 @@ EOF
 set -euo pipefail
 root=$ROOT
 mode=\$1; shift
+if [[ "$CHROOT_USERS" == host ]]; then
+  # the host's users and groups, written in place (same inode): every namespace and running daemon sees them
+  for f in /etc/passwd /etc/group; do cmp -s "\$f" "\$root\$f" || cat "\$f" >"\$root\$f"; done
+fi
 mount -t proc proc "\$root/proc"
 mount --rbind /dev "\$root/dev"
 # Host directories seen at the same path inside (job scripts, outputs, the checkout, .venv and its Python).
@@ -367,10 +374,6 @@ for d in $CHROOT_BINDS; do
   mount --rbind "\$d" "\$root\$d"
 done
 mount --bind $LAB "\$root$LAB"
-if [[ "$CHROOT_USERS" == host ]]; then
-  # the host's users and groups (read-only): uid_from_string() in slurmctld finds the same accounts as on the host
-  for f in /etc/passwd /etc/group; do mount --bind -o ro "\$f" "\$root\$f"; done
-fi
 if [[ "\$mode" == daemon ]]; then
   mount --rbind /sys "\$root/sys"
   mount --rbind / "\$root/.host"

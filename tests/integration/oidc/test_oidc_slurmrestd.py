@@ -79,7 +79,8 @@ def _lab(cmd: str, jwks: Path | None = None, timeout: float = 900) -> subprocess
 
 
 @pytest.fixture(scope="module")
-def jwt_lab(module_idp, tmp_path_factory):
+def jwt_lab(module_idp, local_users, tmp_path_factory):
+    # local_users first: the 24.11 chroot gets the host's users when the lab starts.
     root = tmp_path_factory.mktemp("slurmroot")
     r = _apply_role(root, module_idp.issuer)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
