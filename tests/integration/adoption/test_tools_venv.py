@@ -34,20 +34,26 @@ def test_module_utils_packages_are_all_in_the_wheel_list(installed_collection):
     assert found <= listed, sorted(found - listed)
 
 
-def test_pip_install_of_the_installed_collection_gives_working_commands(installed_collection, tmp_path):
-    src = tmp_path / "src"
-    shutil.copytree(installed_collection.path, src)  # pip builds in the source tree; keep the fixture's copy clean
+@pytest.mark.parametrize("what", ["tarball", "installed collection"])
+def test_pip_install_gives_working_commands(installed_collection, tmp_path, what):
+    if what == "tarball":  # the collection tarball is also an archive pip builds from (pyproject.toml at its top)
+        target = installed_collection.tarball
+    else:  # pip builds in the source tree: a copy keeps the fixture's installed collection clean
+        target = tmp_path / "src"
+        shutil.copytree(installed_collection.path, target)
+    src = installed_collection.path
     venv = tmp_path / "tools"
     base = getattr(sys, "_base_executable", sys.executable)
     env = {"PATH": f"{venv}/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": os.environ.get("HOME", str(tmp_path)),
            "LANG": "C.UTF-8"}
-    for var in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_CACHE_DIR", "HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY"):
+    for var in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CONFIG_FILE", "PIP_CACHE_DIR",
+                "HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY"):
         if var in os.environ:
             env[var] = os.environ[var]
     r = _run([base, "-m", "venv", venv], tmp_path, env)
     assert r.returncode == 0, r.stderr
     r = _run([venv / "bin/python", "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off",
-              f"{src}[oidc,nvml]"], tmp_path, env)
+              f"{target}[oidc,nvml]"], tmp_path, env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
     work = tmp_path / "work"
