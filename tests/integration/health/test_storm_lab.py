@@ -39,11 +39,13 @@ def storm_lab(slurm_lab, tmp_path_factory):
     extra.write_text(f"PartitionName=pair Nodes=node{N - 1},node{N} MaxTime=INFINITE State=UP\n")
     script_env = {"SLURM_LAB_PORT_BASE": str(base), "SLURM_LAB_DIR": str(lab_dir), "SLURM_LAB_NODES": str(N),
                   "SLURM_LAB_RELEASE": slurm_lab.release, "SLURM_LAB_EXTRA_CONF": str(extra),
-                  "SLURM_LAB_HEALTHCHECK_INTERVAL": str(INTERVAL)}
+                  "SLURM_LAB_HEALTHCHECK_INTERVAL": str(INTERVAL),
+                  # 16 slurmd (in the 24.11 chroot too) on a small shared machine take longer than the default 60 s
+                  "SLURM_LAB_TIMEOUT": os.environ.get("SLURM_LAB_TIMEOUT", "300")}
     lab = type(slurm_lab)(dir=lab_dir, conf=lab_dir / "etc" / "slurm.conf", nodes=[f"node{i}" for i in range(1, N + 1)],
                           env={}, port_base=base, release=slurm_lab.release, script_env=script_env)
-    lab.script_run("start", timeout=900)
     try:
+        lab.script_run("start", timeout=900)
         env = {}
         for line in lab.script_run("env").stdout.splitlines():
             if line.startswith("export "):
