@@ -7,13 +7,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
 import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from conftest import eda_bin, free_port, http_post, stop_process, wait_for
+from conftest import REPO, eda_bin, free_port, http_post, stop_process, wait_for
 
 HARNESS = Path(__file__).resolve().parent / "eda_source_harness.py"
 TOKEN, SECRET = "tok-3f9a", "hmac-51c2"
@@ -134,3 +135,31 @@ def test_unsafe_settings_refuse_to_start(args, message):
     p = subprocess.run([eda_bin("python"), str(HARNESS), json.dumps(args)], capture_output=True, text=True,
                        timeout=60, check=False, env={"PATH": "/usr/bin:/bin"})
     assert p.returncode == 2 and message in p.stderr, p.stderr
+
+
+VALIDATE = """
+import sys, yaml
+from ansible_rulebook.validators import Validate
+from ansible_rulebook.rules_parser import parse_rule_sets
+for path in sys.argv[1:]:
+    data = yaml.safe_load(open(path))
+    Validate.rulebook(data)
+    sets = parse_rule_sets(data)
+    print(path, [r.name for s in sets for r in s.rules])
+"""
+
+
+def test_shipped_rulebooks_pass_ansible_rulebooks_own_schema_and_parser(tmp_path):
+    books = sorted((REPO / "extensions" / "eda" / "rulebooks").glob("*.yml"))
+    assert [b.name for b in books] == ["repair.yml", "repair_awx.yml"]
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"),
+               PATH=str(Path(eda_bin("ansible-galaxy")).parent) + ":" + os.environ.get("PATH", ""))
+    p = subprocess.run([eda_bin("python"), "-c", VALIDATE, *map(str, books)], capture_output=True, text=True,
+                       timeout=120, check=False, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "['Repair the node']" in p.stdout and "['Launch the repair job template']" in p.stdout
+    broken = tmp_path / "broken.yml"
+    broken.write_text(books[0].read_text().replace("run_playbook:", "run_playbok:"))
+    p = subprocess.run([eda_bin("python"), "-c", VALIDATE, str(broken)], capture_output=True, text=True,
+                       timeout=120, check=False, env=env)
+    assert p.returncode != 0
