@@ -39,6 +39,7 @@ def fetch_jwks(issuer: Optional[str] = None, jwks_uri: Optional[str] = None, tim
         jwks_uri = meta.get("jwks_uri")
         if not isinstance(jwks_uri, str):
             raise IdPUnavailable("discovery document has no jwks_uri")
+        http.require_secure_url(jwks_uri, "jwks_uri")  # the plainer message first: plain http off loopback
         check_endpoints(meta, issuer)
     http.require_secure_url(jwks_uri, "jwks_uri")
     return {"keys": public_keys_only(http.get_json(jwks_uri, timeout=timeout))}
