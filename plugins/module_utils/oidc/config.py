@@ -73,6 +73,7 @@ def fold_ascii(name: str) -> str:
     ligatures, full-width letters) onto ASCII letters; an identity is never passed through them."""
     return name.translate(_ASCII_FOLD)
 
+
 DEFAULT_USERNAME_REGEX = r"^[a-z_][a-z0-9_.-]{0,31}$"
 
 

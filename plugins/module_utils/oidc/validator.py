@@ -64,8 +64,10 @@ ACCESS_TOKEN_MARKS = {"header_typ": {"at+jwt"}, "claims": (), "claim_typ": {"bea
 
 def token_kind_mismatch(header: Dict[str, Any], claims: Dict[str, Any], expected: str) -> Optional[str]:
     """Why a token is the wrong kind for ``expected`` (``access_token`` or ``id_token``), or None."""
-    marks, other = (ID_TOKEN_MARKS, "an ID token") if expected == "access_token" else (ACCESS_TOKEN_MARKS,
-                                                                                        "an access token")
+    if expected == "access_token":
+        marks, other = ID_TOKEN_MARKS, "an ID token"
+    else:
+        marks, other = ACCESS_TOKEN_MARKS, "an access token"
     if _norm_typ(header.get("typ", "")) in marks["header_typ"]:
         return f"{other} (typ {str(header.get('typ'))[:30]!r}) is not accepted as {expected}"
     for c in marks["claims"]:
