@@ -22,6 +22,7 @@ from .config import load_config
 from .core import Authenticator, file_logger
 from .device import MAX_URI, MAX_USER_CODE, display_text
 from .errors import OIDCError
+from .transport import is_plain_ascii
 
 TOKEN_PROMPT = "OIDC access token: "
 
@@ -65,6 +66,11 @@ def authenticate(pamh: Any, argv: List[str]) -> int:
             log("no PAM user")
             return _code(pamh, "PAM_USER_UNKNOWN")
         if not user:
+            return _code(pamh, "PAM_USER_UNKNOWN")
+        if not is_plain_ascii(user):
+            # the login name comes from the SSH client: never put it on a terminal, in a log or before the IdP
+            log(f"refused login name {ascii(user)[:80]}: not plain ASCII")
+            user = None
             return _code(pamh, "PAM_USER_UNKNOWN")
         cfg = load_config(opts["config"])
         if not opts.get("debug_log") and cfg.log_file:

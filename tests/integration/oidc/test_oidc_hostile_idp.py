@@ -187,3 +187,16 @@ def test_pam_log_never_shows_config_secrets(idp, pam_env, tmp_path, over, key):
     log = pam_env.log_text()
     assert rc != 0 and f"config key '{key}'" in log, log
     assert "918273645" not in log + out and "hunter2" not in log + out, log
+
+
+@pytest.mark.parametrize("mode", ["device", "token"])
+def test_pam_refuses_hostile_login_name_before_the_idp(idp, pam_env, tmp_path, mode):
+    """The login name comes from the SSH client: escape sequences there never reach a prompt, the log or the IdP."""
+    service = pam_env.service(write_config(tmp_path / "p.yml", idp.issuer, tmp_path / "cache"), mode)
+    for name in (f"{PREFIX}\x1b]0;owned-title\x07alice", f"{PREFIX}\u212aate", f"{PREFIX}alice\r\nPassword:"):
+        rc, out = pamtester(service, name, lambda p: pytest.fail(f"prompted: {p!r}"))
+        assert rc != 0, out
+    log = pam_env.log_text()
+    assert log.count("not plain ASCII") == 3 and not any(c in log for c in "\x1b\x07\r\u212a"), ascii(log)
+    assert "'gfo\\x1b]0;owned-title\\x07alice'" in log  # escaped, so the operator still sees what was tried
+    assert [r for r in idp.requests if r[1] != "/.well-known/openid-configuration"] == []
