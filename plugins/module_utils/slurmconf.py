@@ -844,8 +844,10 @@ class ConfFile:
             if cont >= 0:
                 # a continuation at the end of the file continues nothing; it would swallow the new line
                 body = body[:cont] + body[cont + 1:]
-            if cont >= 0 or not eol:
-                prev.lines[-1] = body + (eol or self._newline())
+            if cont >= 0 or "\n" not in eol:
+                # a last line ending in CR alone has no line break (lines split at LF): add one, or the new
+                # line would join it (after '#', as part of the comment)
+                prev.lines[-1] = body + (eol + "\n" if eol else self._newline())
                 prev.parse()
         eol = self._newline()
         entry = Entry([text + eol], 0)
@@ -857,7 +859,7 @@ class ConfFile:
         for entry in self.entries:
             for line in entry.lines:
                 eol = _split_eol(line)[1]
-                if eol:
+                if "\n" in eol:
                     return eol
         return "\n"
 

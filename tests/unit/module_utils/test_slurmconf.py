@@ -522,3 +522,13 @@ def test_set_of_an_equal_value_keeps_the_text():
     c.set("HealthCheckInterval", "0")
     c.set("HealthCheckInterval", "00")
     assert ConfFile(c.render(), "slurm", validate=False).get("HealthCheckInterval") == "0"
+
+
+@pytest.mark.parametrize("text", ["#\r", "# comment\r\r", "ClusterName=lab\r", "NodeName=n1 CPUs=4\r"])
+def test_set_after_a_last_line_ending_in_cr_alone(text):
+    # fuzz finding (tests/fuzz): '#\r' has no line break (lines split at LF); the new line joined the comment
+    c = ConfFile(text, "slurm", validate=False)
+    c.set("SlurmctldTimeout", 137)
+    out = c.render()
+    assert text in out
+    assert ConfFile(out, "slurm", validate=False).get("SlurmctldTimeout") == "137"
