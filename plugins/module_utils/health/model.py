@@ -137,19 +137,10 @@ class GpuSnapshot:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Dict[str, Any]) -> GpuSnapshot:
-        if not isinstance(data, dict):
-            raise ValueError(f"gpu entry: expected a mapping, got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"gpu entry: unknown field(s) {', '.join(unknown)}")
-        if "index" not in data:
-            raise ValueError("gpu entry: field 'index' is required (integer)")
-        kw = dict(data)
-        if kw.get("nvlinks") is not None:
-            kw["nvlinks"] = [NvLinkInfo(**n) if isinstance(n, dict) else n for n in kw["nvlinks"]]
-        return cls(**kw)
+    def from_dict(cls, data: Dict[str, Any], where: str = "gpu entry") -> GpuSnapshot:
+        if isinstance(data, dict) and "index" not in data:
+            raise ValueError(f"{where}: field 'index' is required (integer)")
+        return _build(cls, data, where)
 
 
 @dataclass
@@ -204,21 +195,73 @@ class Snapshot:
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> Snapshot:
-        if not isinstance(data, dict):
-            raise ValueError(f"snapshot: expected a mapping, got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"snapshot: unknown field(s) {', '.join(unknown)}")
-        kw = dict(data)
-        kw["gpus"] = [g if isinstance(g, GpuSnapshot) else GpuSnapshot.from_dict(g) for g in kw.get("gpus") or []]
-        for key, typ in (("ib_ports", IbPort), ("mounts", Mount), ("disks", Disk)):
-            if kw.get(key) is not None:
-                kw[key] = [x if isinstance(x, typ) else typ(**x) for x in kw[key]]
-        if kw.get("probe_status", PROBE_OK) not in PROBE_STATUSES:
+        """A snapshot from its to_dict() form (a recorded or hand-written file): every field's type is checked,
+        so a bad file is a ValueError naming the field, never a crash in the rules."""
+        if isinstance(data, dict) and data.get("probe_status", PROBE_OK) not in PROBE_STATUSES:
             raise ValueError(f"snapshot.probe_status: expected one of {', '.join(PROBE_STATUSES)}, "
-                             f"got {kw.get('probe_status')!r}")
-        return cls(**kw)
+                             f"got {data.get('probe_status')!r}")
+        return _build(cls, data, "snapshot")
+
+
+# ------------------------------------------------------------------ typed from_dict
+_SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def _scalar_ok(name: str, v: Any) -> bool:
+    if name == "bool":
+        return isinstance(v, bool)
+    if name == "str":
+        return isinstance(v, str)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    if name == "int":
+        return isinstance(v, int)
+    return v == v and abs(v) != float("inf")  # float: finite
+
+
+def _value(ann: str, v: Any, where: str) -> Any:
+    """Check ``v`` against a field annotation (the few shapes these dataclasses use) and build nested records."""
+    if ann.startswith("Optional["):
+        if v is None:
+            return None
+        ann = ann[len("Optional["):-1]
+    if ann in _SCALARS:
+        if not _scalar_ok(ann, v):
+            what = {"float": "a number", "int": "an integer", "str": "a string", "bool": "true or false"}[ann]
+            raise ValueError(f"{where}: expected {what}, got {v!r:.80}")
+        return v
+    if ann.startswith("List["):
+        if not isinstance(v, list):
+            raise ValueError(f"{where}: expected a list, got {type(v).__name__}")
+        return [_value(ann[len("List["):-1], x, f"{where}[{i}]") for i, x in enumerate(v)]
+    if ann.startswith("Dict[str, "):
+        inner = ann[len("Dict[str, "):-1]
+        if not isinstance(v, dict) or not all(isinstance(k, str) and _scalar_ok(inner, x) for k, x in v.items()):
+            raise ValueError(f"{where}: expected a mapping of names to {inner} values, got {v!r:.80}")
+        return v
+    cls = _RECORDS.get(ann)
+    if cls is None:  # pragma: no cover - a new field type: add it above
+        raise ValueError(f"{where}: cannot check type {ann}")
+    if isinstance(v, cls):
+        return v
+    return cls.from_dict(v, where) if cls is GpuSnapshot else _build(cls, v, where)
+
+
+def _build(cls, data: Any, where: str):
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(str(k) for k in data if k not in fields)
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}")
+    kw = {}
+    for name, value in data.items():
+        kw[name] = _value(fields[name].type, value, f"{where}.{name}")
+    missing = [n for n, f in fields.items() if n not in kw and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ValueError(f"{where}: field(s) {', '.join(missing)} required")
+    return cls(**kw)
 
 
 @dataclass
@@ -250,3 +293,6 @@ class KernelEvent:
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+_RECORDS = {"GpuSnapshot": GpuSnapshot, "NvLinkInfo": NvLinkInfo, "IbPort": IbPort, "Mount": Mount, "Disk": Disk}

@@ -1,13 +1,20 @@
-"""Regressions found by the fuzz campaign (tests/fuzz): kmsg parser and the nvidia-smi text reader.
+"""Regressions found by the fuzz campaign (tests/fuzz): kmsg parser, nvidia-smi text reader, snapshot JSON.
 
 Each input is the minimal one the campaign found; each test fails on the code before its fix.
 """
 from __future__ import annotations
 
+import json
 import signal
 from contextlib import contextmanager
 
-from ansible_collections.gpufleet.reliability.plugins.module_utils.health import parse_kmsg, read_nvidia_smi_text
+import pytest
+
+from ansible_collections.gpufleet.reliability.plugins.module_utils.health import (
+    Snapshot,
+    parse_kmsg,
+    read_nvidia_smi_text,
+)
 from ansible_collections.gpufleet.reliability.plugins.module_utils.health.kmsg_parse import gpc_tpc_of
 
 
@@ -75,3 +82,29 @@ def test_gpc_tpc_of_a_huge_number_is_none():
     assert gpc_tpc_of(ev) is None
     (ev,) = parse_kmsg("NVRM: Xid (PCI:0000:38:00): 13, Graphics SM Warp Exception on (GPC 5, TPC 3, SM 0)")
     assert gpc_tpc_of(ev) == (5, 3)
+
+
+# ------------------------------------------------------------------ snapshot JSON (--snapshot-json, --record)
+@pytest.mark.parametrize("gpu, field", [
+    ({"index": 0, "probe_errors": 5}, r"gpus\[0\]\.probe_errors"),          # was AttributeError in judge()
+    ({"index": 0, "clocks_event_reasons": 5}, r"gpus\[0\]\.clocks_event_reasons"),
+    ({"index": 0, "clocks_event_counters_us": [1]}, r"gpus\[0\]\.clocks_event_counters_us"),
+    ({"index": 0, "nvlinks": [5]}, r"gpus\[0\]\.nvlinks\[0\]"),
+    ({"index": 0, "nvlinks": [{"link": 0, "bogus": 1}]}, r"nvlinks\[0\]: unknown field"),  # was TypeError
+    ({"index": True}, r"gpus\[0\]\.index"),
+    ({"index": 0, "temperature": float("inf")}, r"gpus\[0\]\.temperature"),
+    ({"index": 0, "lost": "no"}, r"gpus\[0\]\.lost"),
+])
+def test_snapshot_json_with_wrong_types_names_the_field(gpu, field):
+    with pytest.raises(ValueError, match=field):
+        Snapshot.from_dict({"gpus": [gpu]})
+
+
+def test_snapshot_json_round_trips():
+    from health_fixtures import load
+
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.health import read_nvidia_smi_xml
+    snap = read_nvidia_smi_xml(load("gb200-2gpu-580.65.06-gpu1-lost.MOCK.nvidia-smi-q-x.xml"))
+    data = json.loads(json.dumps(snap.to_dict()))
+    assert Snapshot.from_dict(data).to_dict() == snap.to_dict()
+    assert Snapshot.from_dict({"gpus": [{"index": 0, "temperature": 35}]}).gpus[0].temperature == 35
