@@ -230,6 +230,30 @@ def nvml_target() -> Target:
                   structured=_json_structured)
 
 
+def snapshot_target() -> Target:
+    """``gpufleet-health check --snapshot-json FILE`` (a recorded snapshot): the agent's reader, then the rules."""
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.health import Snapshot, agent, judge, smi
+
+    seeds: List[bytes] = []
+    for p in fixtures("gpu/*.xml"):
+        snap = smi.read_nvidia_smi_xml(_xml_one_gpu(read(p)))
+        seeds.append(json.dumps(snap.to_dict(), indent=1).encode())
+    path = _TMP / "snapshot.json"
+
+    def run(data: bytes) -> None:
+        path.write_bytes(data)
+        raw = agent._load_mapping(str(path), "--snapshot-json")
+        snap = Snapshot.from_dict(raw.get("snapshot", raw))
+        report = judge(snap, None, now=1_760_000_000.0)
+        assert report.to_dict()["verdict"] in ("healthy", "degraded", "unhealthy", "unknown")
+
+    tokens = [b"\"gpus\": [", b"\"index\": ", b"\"lost\": true", b"\"probe_errors\": {", b"\"nvlinks\": [",
+              b"\"clocks_event_reasons\": [", b"\"remapped_rows_pending\": ", b"\"recovery_action\": ",
+              b"\"probe_status\": \"", b"\"snapshot\": {"]
+    return Target("snapshot JSON (--snapshot-json)", run, seeds, (agent.UsageError, ValueError, UnicodeDecodeError),
+                  tokens, max_len=16 * 1024, structured=_json_structured)
+
+
 # --------------------------------------------------------------------------------------------- Slurm
 def slurm_json_target() -> Target:
     from ansible_collections.gpufleet.reliability.plugins.module_utils import slurm
@@ -601,4 +625,4 @@ def discovery_target() -> Target:
 
 # cheapest first, so that a campaign cut short has most parsers done
 ALL = [history_target, token_target, discovery_target, slurm_text_target, slurm_json_target, smi_text_target,
-       kmsg_target, jwks_target, smi_xml_target, nvml_target, slurmconf_target, scenario_target]
+       kmsg_target, jwks_target, smi_xml_target, nvml_target, slurmconf_target, scenario_target, snapshot_target]

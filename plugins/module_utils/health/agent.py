@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
+from .. import safeyaml
 from . import judge, metrics
 from .model import PROBE_FAILED, Snapshot
 from .report import Report
@@ -92,18 +93,14 @@ def _load_mapping(path: str, what: str) -> Dict[str, Any]:
     text = _read(path, what)
     if path.endswith((".yml", ".yaml")):
         try:
-            import yaml
-        except ImportError:
-            raise UsageError(f"{what} {path}: YAML needs PyYAML; use JSON")
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise UsageError(f"{what} {path}: not valid YAML: {exc}")
+            data = safeyaml.load(text, f"{what} {path}")  # no hang or crash on deep nesting
+        except ValueError as exc:
+            raise UsageError(str(exc))
     else:
         try:
             data = json.loads(text)
-        except ValueError as exc:
-            raise UsageError(f"{what} {path}: not valid JSON: {exc}")
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
+            raise UsageError(f"{what} {path}: not valid JSON: {str(exc)[:200]}")
     if not isinstance(data, dict):
         raise UsageError(f"{what} {path}: expected a mapping at the top level")
     return data

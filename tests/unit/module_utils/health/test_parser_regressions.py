@@ -108,3 +108,15 @@ def test_snapshot_json_round_trips():
     data = json.loads(json.dumps(snap.to_dict()))
     assert Snapshot.from_dict(data).to_dict() == snap.to_dict()
     assert Snapshot.from_dict({"gpus": [{"index": 0, "temperature": 35}]}).gpus[0].temperature == 35
+
+
+@pytest.mark.parametrize("name, text", [
+    ("deep.json", "[" * 100000 + "]" * 100000),              # was RecursionError (a traceback, not exit 64)
+    ("deep.yaml", "a: " + "[" * 100000),
+])
+def test_snapshot_file_nested_too_deeply_is_a_usage_error(tmp_path, name, text):
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.health import agent
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(agent.UsageError, match="--snapshot-json"):
+        agent._load_mapping(str(path), "--snapshot-json")
