@@ -30,6 +30,7 @@ the history, the health report, the node state, the fleet counts and the config.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Tuple
 
@@ -240,7 +241,7 @@ def is_ours(text: Optional[str]) -> bool:
 def _int(v: Any, where: str) -> int:
     if v.__class__ is int:  # the stored form's numbers: int(v) is v
         return v
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise HistoryError(f"history {where}: expected a number, got {v!r}")
     return int(v)
 

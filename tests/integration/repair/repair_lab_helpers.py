@@ -54,6 +54,10 @@ class RepairLab:
         self.hook_cmd.chmod(0o755)
         # clear every node's history (the lab's reset does not)
         self.lab.run("scontrol", "update", f"NodeName={','.join(self.lab.nodes)}", "Extra=")
+        self.install_hook()
+
+    def install_hook(self):
+        """The real agent as the lab's health check (it drains its own node when unhealthy)."""
         hook = self.lab.hook
         hook.write_text(f'#!/usr/bin/env bash\nexec {sys.executable} {FAKEGPU} agent {self.dir} "$SLURMD_NODENAME"\n')
         hook.chmod(0o755)
