@@ -43,11 +43,11 @@ def test_healthy_report_drains_nothing():
 def test_cannot_run_jobs_is_the_live_probe_only():
     assert cannot_run_jobs(LOST)
     assert not cannot_run_jobs(WARN)  # an Xid 79 line whose GPU still answers the probe
-    missing = {"verdict": "unhealthy", "findings": [{"check": "gpu_count", "severity": "critical",
-                                                       "code": "gpu_missing"}]}
+    missing = {"verdict": "unhealthy",
+               "findings": [{"check": "gpu_count", "severity": "critical", "code": "gpu_missing"}]}
     assert cannot_run_jobs(missing)
-    drift = {"verdict": "degraded", "findings": [{"check": "gpu_count", "severity": "warning",
-                                                    "code": "gpu_count_mismatch"}]}
+    drift = {"verdict": "degraded",
+             "findings": [{"check": "gpu_count", "severity": "warning", "code": "gpu_count_mismatch"}]}
     assert not cannot_run_jobs(drift)
 
 
