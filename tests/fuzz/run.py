@@ -131,7 +131,7 @@ def main() -> int:
                                                                "seconds": round(r.seconds, 1),
                                                                "slowest_ms": round(r.slowest_ms, 1),
                                                                "findings": len(r.findings)} for r in rows]},
-                                                 indent=1) + "\n")
+                                                 indent=1) + "\n", encoding="utf-8")
     width = max([len(r.target) for r in rows] + [6])
     lines = [f"{'parser':<{width}}  {'inputs':>8}  {'seconds':>8}  {'slowest ms':>10}  findings",
              f"{'-' * width}  {'-' * 8}  {'-' * 8}  {'-' * 10}  --------"]

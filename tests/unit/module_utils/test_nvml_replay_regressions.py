@@ -44,7 +44,7 @@ def test_non_string_keys_name_the_field():
 ])
 def test_replay_file_that_cannot_be_read_is_a_value_error(tmp_path, name, text, msg):
     path = tmp_path / name
-    path.write_text(text)
+    path.write_text(text, encoding="utf-8")
     with pytest.raises(ValueError, match=msg):
         nvml.FakeNvml(nvml._load_config(str(path)))
 

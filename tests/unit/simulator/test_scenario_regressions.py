@@ -42,7 +42,7 @@ def test_integer_too_long(tmp_path):
 
 def test_repair_action_not_a_mapping_names_the_field(tmp_path):
     # was ValueError: dictionary update sequence element #0 has length 1; 2 is required
-    raw = yaml.safe_load(DALY.read_text())
+    raw = yaml.safe_load(DALY.read_text(encoding="utf-8"))
     raw["repair"]["actions"] = {"reboot": ["x"]}
     msg = _load(tmp_path, yaml.safe_dump(raw).encode())
     assert "repair.actions.reboot" in msg and "mapping" in msg

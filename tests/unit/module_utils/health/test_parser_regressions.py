@@ -117,6 +117,6 @@ def test_snapshot_json_round_trips():
 def test_snapshot_file_nested_too_deeply_is_a_usage_error(tmp_path, name, text):
     from ansible_collections.gpufleet.reliability.plugins.module_utils.health import agent
     path = tmp_path / name
-    path.write_text(text)
+    path.write_text(text, encoding="utf-8")
     with pytest.raises(agent.UsageError, match="--snapshot-json"):
         agent._load_mapping(str(path), "--snapshot-json")
