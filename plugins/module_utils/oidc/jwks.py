@@ -103,11 +103,6 @@ def open_private_dir(path: str, create: bool = False) -> Optional[int]:
     return fd
 
 
-def ensure_private_dir(path: str) -> None:
-    """Create the cache directory 0700, or check an existing one is ours and not group/other-writable."""
-    os.close(open_private_dir(path, create=True))
-
-
 def private_file_problem(st: os.stat_result) -> Optional[str]:
     """Why an open file (its ``fstat``) is not a private regular file of ours with one link, or None."""
     if not stat.S_ISREG(st.st_mode):
@@ -184,7 +179,12 @@ class JWKSCache:
                 if problem:
                     self.log(f"ignoring cache file {self.path}: {problem}")
                     return None
-                raw = os.read(fd, MAX_CACHE_BYTES + 1)
+                raw = b""
+                while len(raw) <= MAX_CACHE_BYTES:
+                    chunk = os.read(fd, MAX_CACHE_BYTES + 1 - len(raw))
+                    if not chunk:
+                        break
+                    raw += chunk
             finally:
                 os.close(fd)
         except OSError as e:

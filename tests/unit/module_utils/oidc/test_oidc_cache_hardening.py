@@ -157,3 +157,17 @@ def test_json_loads_never_raises_recursion_error():
         with pytest.raises(ValueError):
             transport.json_loads(raw)
     assert transport.json_loads(b'{"a": [1]}') == {"a": [1]}
+
+
+def test_oversized_cache_file_ignored(seeded):
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.jwks import MAX_CACHE_BYTES
+
+    cfg, cache = seeded()
+    with open(cache.path) as fh:
+        good = fh.read()
+    assert JWKSCache.from_config(cfg)._load() is not None  # control
+    with open(cache.path, "w") as fh:
+        fh.write(good + " " * (MAX_CACHE_BYTES + 1 - len(good)))  # valid JSON, one byte too long
+    lines = []
+    assert JWKSCache.from_config(cfg, log=lines.append)._load() is None
+    assert lines, lines
