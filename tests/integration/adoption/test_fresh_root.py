@@ -7,7 +7,6 @@ check mode runs in the repair lab tests)."""
 
 from __future__ import annotations
 
-import contextlib
 import http.server
 import json
 import os
@@ -23,8 +22,10 @@ import yaml
 from cryptography.hazmat.primitives.asymmetric import rsa
 from joserfc.jwk import RSAKey
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "oidc"))
+from oidclab import SITE, run_sshd_dir  # noqa: E402,F401 (run_sshd_dir: a fixture)
+
 NODE_PYTHON = "/usr/bin/python3"
-SITE = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
 SLURM_CONF = "ClusterName=site\nSlurmctldHost=head\n" \
              "NodeName=node[1-2] Gres=gpu:8 State=UNKNOWN\nPartitionName=gpu Nodes=node[1-2] Default=YES\n"
 GRES_CONF = "AutoDetect=off\nName=gpu File=/dev/nvidia[0-7]\n"
@@ -58,18 +59,6 @@ def jwks_uri():
         server.shutdown()
         server.server_close()
         thread.join(10)
-
-
-@pytest.fixture
-def run_sshd_dir():
-    """`sshd -t` needs its privilege-separation directory (systemd makes it on a real host); made only if missing."""
-    made = not os.path.isdir("/run/sshd")
-    if made:
-        os.makedirs("/run/sshd", mode=0o755)
-    yield
-    if made:
-        with contextlib.suppress(OSError):
-            os.rmdir("/run/sshd")
 
 
 def fresh_root(root: Path) -> None:
@@ -117,6 +106,7 @@ def all_role_vars(root: Path, jwks: str) -> dict:
         "slurm_reliability_epilog_dir": f"{r}/etc/slurm/epilog.d",
         "slurm_reliability_unkillable_step_log": f"{r}/var/log/slurm/gpufleet-unkillable-step.log",
         "slurm_reliability_reconfigure": False, "slurm_reliability_slurm_version": "22.05.8",
+        "slurm_reliability_include_file": f"{r}/etc/slurm/gpufleet-reliability.conf",
         # slurm_rest_jwt
         "slurm_rest_jwt_jwks_uri": jwks, "slurm_rest_jwt_jwks_path": f"{r}/etc/slurm/jwks.json",
         "slurm_rest_jwt_jwks_owner": "", "slurm_rest_jwt_jwks_group": "",
@@ -132,6 +122,7 @@ def all_role_vars(root: Path, jwks: str) -> dict:
                               "jwks_cache_dir": f"{r}/var/cache/gpufleet-oidc"},
         "oidc_login_install_packages": False, "oidc_login_manage_venv": False, "oidc_login_site_dir": str(SITE),
         "oidc_login_install_dir": f"{r}/opt/gpufleet-oidc", "oidc_login_config_path": f"{r}/etc/gpufleet/oidc.yml",
+        "oidc_login_cli_path": f"{r}/usr/local/bin/gpufleet-oidc",
         "oidc_login_pam_dir": f"{r}/etc/pam.d", "oidc_login_sshd_config": f"{r}/etc/ssh/sshd_config",
         "oidc_login_sshd_dropin_dir": f"{r}/etc/ssh/sshd_config.d", "oidc_login_sshd_reload": False,
     }
@@ -168,11 +159,19 @@ def apply(ic, tmp_path: Path, extravars: dict, cmdline: str = ""):
     assert r.status == "successful" and r.rc == 0 and not failures, failures or r.stdout.read()[-6000:]
     changed = sorted({e["event_data"]["task"] for e in r.events
                       if e["event"] in ("runner_on_ok", "runner_item_on_ok") and e["event_data"]["res"].get("changed")})
+    # every file a task wrote or would write is inside the fresh root (a role variable left at its default would
+    # write to this host's real /etc or /usr/local)
+    root = Path(extravars["gpu_health_lib_dir"]).parents[2]
+    written = {(e["event_data"]["task"], str(e["event_data"]["res"].get(key)))
+               for e in r.events if e["event"] in ("runner_on_ok", "runner_item_on_ok")
+               and e["event_data"]["res"].get("changed") for key in ("dest", "path")
+               if isinstance(e["event_data"]["res"].get(key), str)}
+    assert not [w for w in written if not w[1].startswith(str(root) + "/")], written
     return r, changed
 
 
-def test_every_role_check_then_apply_then_unchanged(installed_collection, tmp_path, jwks_uri, run_sshd_dir,
-                                                    monkeypatch):
+@pytest.mark.usefixtures("run_sshd_dir")  # sshd -t needs /run/sshd (made only if missing)
+def test_every_role_check_then_apply_then_unchanged(installed_collection, tmp_path, jwks_uri, monkeypatch):
     assert os.access(NODE_PYTHON, os.X_OK), f"{NODE_PYTHON} is needed as the node's python"
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
     root = tmp_path / "root"
@@ -202,6 +201,15 @@ def test_every_role_check_then_apply_then_unchanged(installed_collection, tmp_pa
     lib = root / "opt/gpufleet/lib/ansible_collections/gpufleet/reliability/plugins/module_utils"
     assert (lib / "health/engine.py").read_bytes() == (
         installed_collection.path / "plugins/module_utils/health/engine.py").read_bytes()
+
+    # The installed agent on this host, which has no NVIDIA driver (real NVML in the role's venv fails to load):
+    # a CPU node (expected 0) is healthy, a GPU node is not. The state file is outside the tree compared below.
+    agent = [str(root / "usr/local/bin/gpufleet-health"), "check", "--kmsg", "-", "--json",
+             "--state-file", str(tmp_path / "agent-state.json")]
+    for expected, code, verdict in ((0, 0, "healthy"), (8, 2, "unhealthy")):
+        p = subprocess.run(agent + ["--expected-gpus", str(expected)], env={}, capture_output=True, text=True,
+                           timeout=120, check=False)
+        assert p.returncode == code and json.loads(p.stdout)["verdict"] == verdict, p.stdout + p.stderr
 
     after = tree(root)
     r, again = apply(installed_collection, tmp_path, extravars)
