@@ -145,8 +145,7 @@ def changed(r) -> int:
 
 
 @pytest.mark.lab
-def test_nhc_and_the_agent_both_drain_and_repair_leaves_nhc_alone(lab, tmp_path, installed_collection,
-                                                                   monkeypatch):
+def test_nhc_and_the_agent_both_drain_and_repair_leaves_nhc_alone(lab, tmp_path, installed_collection, monkeypatch):
     monkeypatch.setenv("PATH", str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
     n_nhc, n_gpu = lab.nodes[1], lab.nodes[2]
     others = [n for n in lab.nodes if n not in (n_nhc, n_gpu)]

@@ -35,8 +35,8 @@ def test_module_reads_without_writing_and_reports_before_values(localhost, tmp_p
     res = getattr(localhost, MODULE)(path=str(path))["localhost"]
     assert res.is_successful and res["changed"] is False, res
     assert {"key": "Include", "value": "/etc/slurm/gpufleet-reliability.conf"} in res["current"]
-    assert [i["value"] for i in res["current"] if i["key"] == "Epilog"] == ["/etc/slurm/epilog.sh",
-                                                                           "/etc/slurm/epilog2.sh"]
+    epilogs = [i["value"] for i in res["current"] if i["key"] == "Epilog"]
+    assert epilogs == ["/etc/slurm/epilog.sh", "/etc/slurm/epilog2.sh"]
     assert path.read_text() == SITE
     # after a change, `current` still shows the values from before it
     res = getattr(localhost, MODULE)(path=str(path), settings={"HealthCheckProgram": "/opt/x"})["localhost"]
