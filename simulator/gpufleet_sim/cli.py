@@ -121,15 +121,15 @@ def _run_points(args, jobs: list, command: str):
         return 0
     if args.slurm:
         return _sweep_slurm(args, len(jobs), command)
-    cb, bar = _progress_factory(len(jobs))
+    cb, pbar = _progress_factory(len(jobs))
     results: list = [None] * len(jobs)
     with mp.Pool(args.jobs or os.cpu_count() or 1) as pool:
         for i, res in enumerate(pool.imap(_sweep_point, jobs)):
             results[i] = res
             if cb:
                 cb(i + 1, len(jobs))
-    if bar is not None:
-        bar.close()
+    if pbar is not None:
+        pbar.close()
     return results
 
 
@@ -257,10 +257,10 @@ def _sweep_slurm(args, n: int, command: str = "sweep"):
 def cmd_validate(args) -> int:
     from .validate import run_all
 
-    cb, bar = _progress_factory(4)
+    cb, pbar = _progress_factory(4)
     res = run_all(quick=args.quick, progress=(lambda done, total, _name: cb(done, total)) if cb else None)
-    if bar is not None:
-        bar.close()
+    if pbar is not None:
+        pbar.close()
     w = max(len(c["case"]) for c in res["cases"])
     if args.json != "-":
         print(f"{'case'.ljust(w)}  {'expected':>10}  {'measured':>10}  {'tolerance':>22}  result")
