@@ -32,7 +32,7 @@ from oidc_forge import make_private_jwks, public_jwks  # noqa: E402
 def jwks_server():
     """A loopback HTTP server for one JWKS: two RSA keys, an EC key and an RSA key without kid."""
     keys = public_jwks(make_private_jwks(1))["keys"] + public_jwks(make_private_jwks(2))["keys"]
-    nokid = dict(next(k for k in keys if k["kty"] == "RSA"))
+    nokid = dict([k for k in keys if k["kty"] == "RSA"][0])
     nokid.pop("kid")
     body = json.dumps({"keys": keys + [nokid]}).encode()
 
