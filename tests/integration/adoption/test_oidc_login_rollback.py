@@ -25,6 +25,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "oidc"))
 
 from oidclab import SITE, _run, converse, free_port, run_sshd_dir  # noqa: E402
+from test_oidc_login_role import _wait_port  # noqa: E402
 
 pytestmark = pytest.mark.idp
 __all__ = ["run_sshd_dir"]  # the fixture, used by name below
@@ -143,20 +144,6 @@ class Node:
                 sshd.wait(10)
         finally:
             pam_copy.unlink(missing_ok=True)
-
-
-def _wait_port(port: int, proc: subprocess.Popen) -> None:
-    import socket
-
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            assert proc.poll() is None, "sshd exited"
-            time.sleep(0.05)
-    raise AssertionError("sshd did not listen")
 
 
 def _ssh_password(port: int, user: str, password: str) -> tuple:
