@@ -25,6 +25,9 @@ def apply(root: Path, extra: dict) -> subprocess.CompletedProcess:
     (root / "play.yml").write_text(yaml.safe_dump(play))
     (root / "vars.json").write_text(json.dumps(extra))
     env = dict(os.environ, ANSIBLE_PYTHON_INTERPRETER=sys.executable, ANSIBLE_NOCOLOR="1")
+    # the role runs `sshd -t`, which needs sshd's privilege-separation directory; another test on this host that
+    # made and removed it (run_sshd_dir-style fixtures) must not pull it away between two applies
+    os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
     return subprocess.run([str(PLAYBOOK), "-i", "localhost,", str(root / "play.yml"), "-e", f"@{root / 'vars.json'}"],
                           capture_output=True, text=True, timeout=300, cwd=str(REPO), env=env, check=False)
 
