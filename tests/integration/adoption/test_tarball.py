@@ -11,8 +11,9 @@ import subprocess
 
 from adoption_helpers import REPO, build_tarball, tarball_files
 
-# Tracked files that are development machinery, not the collection.
-NOT_SHIPPED_TRACKED = (".gitignore", ".ansible-lint", ".ci/", "galaxy.yml")  # galaxy.yml: in MANIFEST.json
+# Tracked files that are development machinery, not the collection (galaxy.yml: in MANIFEST.json; tests/thirdparty:
+# third-party software the test suite runs).
+NOT_SHIPPED_TRACKED = (".gitignore", ".ansible-lint", ".ci/", "galaxy.yml", "tests/thirdparty/")
 
 # What a checkout grows after `make setup`, `make demo`, `make test` and ansible-test, at several depths.
 GROWN = [
