@@ -50,7 +50,7 @@ def parse_duration(path: str, spec: Any) -> tuple[Sampler, float]:
         "uniform": {"low", "high"},
         "weibull": {"shape", "scale"},
     }
-    if kind not in allowed:
+    if not isinstance(kind, str) or kind not in allowed:  # a mapping or list here is unhashable
         raise SpecError(f"{path}.dist: expected one of {sorted(allowed)}, got {kind!r}")
     extra = set(spec) - allowed[kind] - {"dist"}
     if extra:

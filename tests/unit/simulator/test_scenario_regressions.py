@@ -50,3 +50,11 @@ def test_repair_action_not_a_mapping_names_the_field(tmp_path):
 
 def test_genuine_scenario_still_loads():
     assert scenario.load(DALY)["jobs"][0]["name"] == "solver"
+
+
+def test_duration_dist_not_a_name_names_the_field(tmp_path):
+    # fuzz finding (full campaign): dist: {..} was TypeError: unhashable type: 'dict'
+    raw = yaml.safe_load(DALY.read_text(encoding="utf-8"))
+    raw["repair"]["hot_swap_min"] = {"dist": {"x": 1}}
+    msg = _load(tmp_path, yaml.safe_dump(raw).encode())
+    assert "repair.hot_swap_min.dist" in msg
