@@ -43,7 +43,7 @@ DIAG = "/slurm/v0.0.38/diag" if RELEASE == "22.05" else "/slurm/v0.0.40/diag"
 # This lab's own scontrol: the host's for 22.05, the lab's chroot wrapper for 24.11 (never the lane's main lab,
 # whose SLURM_CONF and wrapper directory the session fixture exports).
 SCONTROL = "/usr/bin/scontrol" if RELEASE == "22.05" else f"{LAB_DIR}/bin/wrap/scontrol"
-ID_TOKENS = 3  # fresh ID tokens (other iat/exp, so other bytes and signatures), each must be accepted
+ID_TOKENS = 2  # fresh ID tokens (other iat/exp, so other bytes and signatures), each must be accepted
 
 
 def _apply_role(root: Path, issuer: str) -> subprocess.CompletedProcess:
