@@ -9,6 +9,7 @@ import pytest
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import (
     SlurmError,
     parse_nodes_json,
+    parse_nodes_text,
     parse_version,
 )
 
@@ -56,3 +57,13 @@ def test_version_of_a_long_digit_run_is_linear():
     assert parse_version("slurm 24.11.5") == (24, 11, 5)
     assert parse_version("slurm-wlm 22.05.8\n") == (22, 5, 8)
     assert parse_version("slurm 23.02") == (23, 2, 0)
+
+
+def test_reason_full_of_brackets_is_linear():
+    # the Reason regex's lazy prefix backtracked quadratically: 16,000 '[' took a second, this took minutes
+    with deadline(30):
+        node = parse_nodes_text("NodeName=n1 State=IDLE+DRAIN Reason=" + "[" * 300000)["n1"]
+    assert node.reason.startswith("[[[") and node.reason_user == ""
+    node = parse_nodes_text("NodeName=n1 State=IDLE+DRAIN Reason=gpufleet: xid79 gpu3 [root@2025-03-01T12:00:00]")["n1"]
+    assert (node.reason, node.reason_user) == ("gpufleet: xid79 gpu3", "root")
+    assert node.reason_time is not None
