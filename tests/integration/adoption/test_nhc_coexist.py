@@ -345,3 +345,58 @@ def test_include_mode_only_reads_a_templated_slurm_conf(tmp_path, installed_coll
     assert f"HealthCheckProgram={base}/libexec/gpufleet-healthcheck-chain\n" in text
     assert "HealthCheckInterval=300\n" in text and "PrologFlags=Contain,X11,Alloc,DeferBatch\n" in text
     assert "ClusterName" not in text and "NodeName" not in text
+
+
+@pytest.mark.lab
+def test_include_mode_in_the_lab_slurmctld_takes_our_file(lab, tmp_path, installed_collection):
+    """A templated slurm.conf that ends with the Include line: the role writes only its own file, and after the
+    reconfigure slurmctld runs with the profile's values (the later value of a key wins), the nodes still work."""
+    original = lab.conf.read_bytes()
+    work = lab.dir / "include-mode"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    ours = work / "gpufleet-reliability.conf"
+    templated = original + f"Include {ours}\n".encode()
+    extravars = {
+        "slurm_reliability_config_mode": "include",
+        "slurm_reliability_include_file": str(ours),
+        "slurm_reliability_slurm_conf": str(lab.conf),
+        "slurm_reliability_cgroup_conf": str(work / "cgroup.conf"),
+        "slurm_reliability_script_dir": str(work / "libexec"),
+        "slurm_reliability_epilog_dir": str(work / "epilog.d"),
+        "slurm_reliability_unkillable_step_log": str(work / "unkillable.log"),
+        "slurm_reliability_reboot_program": str(lab.dir / "bin" / "fake-reboot"),
+        "slurm_reliability_healthcheck_interval": 7,  # the lab's slurm.conf says 5 (not 7), before the Include
+        "slurm_reliability_slurmd_timeout": 30,
+        "slurm_reliability_resume_timeout": 60,
+        "slurm_reliability_manage_gres": False,
+        "slurm_reliability_backup": False,
+        "gpufleet_slurm_healthcheck_program": str(lab.dir / "bin" / "healthcheck"),
+    }
+    assert not re.search(rb"(?m)^HealthCheckInterval=7$", original)
+    try:
+        lab.conf.write_bytes(templated)
+        r, tasks = harden(installed_collection, tmp_path, extravars)
+        assert r.status == "successful", tasks
+        assert lab.conf.read_bytes() == templated  # slurm.conf only read
+        assert "HealthCheckInterval=7\n" in ours.read_text()
+        wait_until(lambda: (show_config(lab, "HealthCheckInterval") or "").startswith("7 "), timeout=30,
+                   what="HealthCheckInterval from the included file")
+        assert show_config(lab, "UnkillableStepTimeout") == "180 sec"
+        assert show_config(lab, "Epilog") == f"{work}/epilog.d/*"
+        assert os.readlink(work / "epilog.d" / "00-site-epilog") == str(lab.dir / "bin" / "epilog")
+        lab.wait_all(("idle",), timeout=60)
+        n = len(lab.nodes)
+        out = lab.run("srun", "-N", str(n), "-n", str(n), "hostname", timeout=90)
+        assert len(out.stdout.split()) == n
+        lab.wait_all(("idle",), timeout=60)  # the epilogs (the lab's, linked, and the hook) ran without a drain
+        r, tasks = harden(installed_collection, tmp_path, extravars)
+        assert r.status == "successful" and changed(r) == 0, tasks
+    finally:
+        lab.conf.write_bytes(original)
+        lab.run("scontrol", "reconfigure", check=False)
+        before = re.search(rb"(?m)^HealthCheckInterval=(\d+)", original)
+        if before:
+            wait_until(lambda: (show_config(lab, "HealthCheckInterval") or "").startswith(f"{int(before[1])} "),
+                       timeout=30, what="the lab's HealthCheckInterval back")
+        shutil.rmtree(work, ignore_errors=True)
