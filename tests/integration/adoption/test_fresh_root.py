@@ -23,7 +23,10 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from joserfc.jwk import RSAKey
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "oidc"))
-from oidclab import SITE, run_sshd_dir  # noqa: E402,F401 (run_sshd_dir: a fixture)
+import oidclab  # noqa: E402
+
+SITE = oidclab.SITE
+run_sshd_dir = oidclab.run_sshd_dir  # the fixture: sshd -t needs /run/sshd (made only if missing)
 
 NODE_PYTHON = "/usr/bin/python3"
 SLURM_CONF = "ClusterName=site\nSlurmctldHost=head\n" \
@@ -170,7 +173,7 @@ def apply(ic, tmp_path: Path, extravars: dict, cmdline: str = ""):
     return r, changed
 
 
-@pytest.mark.usefixtures("run_sshd_dir")  # sshd -t needs /run/sshd (made only if missing)
+@pytest.mark.usefixtures("run_sshd_dir")
 def test_every_role_check_then_apply_then_unchanged(installed_collection, tmp_path, jwks_uri, monkeypatch):
     assert os.access(NODE_PYTHON, os.X_OK), f"{NODE_PYTHON} is needed as the node's python"
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
