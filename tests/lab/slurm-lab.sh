@@ -144,7 +144,7 @@ client_t() {
 # A daemon: started in its own private mount namespace inside the chroot (mounts die with the namespace).
 daemon() {
   if [[ -n "$ROOT" ]]; then
-    SLURM_CONF=$CONF PATH=$SYS_PATH unshare --mount --propagation private -- "$LAB/bin/chroot-exec" daemon "$@"
+    SLURM_CONF=$CONF PATH=$SYS_PATH "$LAB/bin/chroot-exec" daemon "$@"
   else
     SLURM_CONF=$CONF PATH=$SYS_PATH "$@"
   fi
@@ -359,6 +359,13 @@ EOF
 # Runs inside a fresh private mount namespace: mount what Slurm needs into the chroot, bind the lab dir at the
 # same path, then exec the command there. 'daemon' also binds the host's root at /.host (for the health hook).
 set -euo pipefail
+# Always in a namespace of its own, however it is called: a run in the caller's namespace would leave its mounts
+# there (seen: a lab dir or /etc/passwd bound over the chroot in the host's namespace, stale once the file or
+# directory was replaced, and every later mount onto that path failing).
+if [[ "\${GPUFLEET_LAB_NS:-}" != "\$\$" ]]; then
+  export GPUFLEET_LAB_NS=\$\$
+  exec unshare --mount --propagation private -- "\$0" "\$@"
+fi
 root=$ROOT
 mode=\$1; shift
 if [[ "$CHROOT_USERS" == host ]]; then
@@ -387,7 +394,7 @@ EOF
 #!/usr/bin/env bash
 # Slurm $RELEASE client from the lab's chroot ($ROOT).
 export SLURM_CONF=\${SLURM_CONF:-$CONF}
-exec unshare --mount --propagation private -- $LAB/bin/chroot-exec client /usr/bin/$c "\$@"
+exec $LAB/bin/chroot-exec client /usr/bin/$c "\$@"
 EOF
     done
   else
