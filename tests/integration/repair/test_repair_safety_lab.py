@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -295,3 +296,21 @@ def test_clean_slurmctld_start_loses_histories_and_the_next_incident_starts_afre
     assert len(calls) == 2 and calls[0]["idempotency_key"] != calls[1]["idempotency_key"], calls
     rl.run(config=cfg)  # and only once
     assert len(rl.hook_calls()) == 2
+
+
+# ---- issue §7: a retracted intent does not count against max_unavailable ----------------------------------------
+def test_reboot_intent_that_slurm_never_took_is_retried_under_a_limit_of_one(repair_lab):
+    rl = repair_lab
+    lab = rl.lab
+    n = lab.nodes[1]
+    rl.inject(n, "xid79", "reboot")
+    rl.drained_by_agent(n)
+    # what a run killed between "Record the step" and the reboot leaves: a pending reboot Slurm never took
+    t = int(time.time())
+    rl.set_extra(n, json.dumps({"gf": 1, "i": {"c": "gl", "g": 3, "id": 1, "k": "xid79", "s": [["b", t - 60, None]],
+                                               "t": t - 120}, "n": 1, "r": f"b{t - 60}"}, separators=(",", ":")))
+    _r, art = rl.run(config={"blast_radius": {"max_unavailable": 1, "min_healthy": 0}})
+    d = _decisions(art)[n]
+    assert (d["action"], d["runnable"]) == ("reboot", True), d  # not held by its own retracted step
+    assert _reboots(rl, n) == 1
+    assert lab.wait_for(n, "idle", timeout=30)[0] == "idle"
