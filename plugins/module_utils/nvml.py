@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 import select
 import signal
@@ -434,7 +435,9 @@ _INT_LISTS = {"ecc_mode": 2, "mig": 2, "remapped_rows": 4}
 
 
 def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) < 2 ** 63
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    return abs(v) < 2 ** 63 if isinstance(v, int) else math.isfinite(v)
 
 
 def _is_int(v: Any, lo: int = 0, hi: int = 2 ** 63) -> bool:
@@ -467,9 +470,8 @@ def _check_device(d: Mapping[str, Any], where: str) -> None:
                 raise ValueError(f"{w}: expected a list of {_INT_LISTS[key]} integers, got {value!r}")
         elif key == "clocks_event_reasons":
             names = dict(_REASON_NAMES)
-            if not _is_int(value) and not (isinstance(value, list) and all(n in names for n in value
-                                                                             if isinstance(n, str))
-                                           and all(isinstance(n, str) for n in value)):
+            is_list = isinstance(value, list) and all(isinstance(n, str) and n in names for n in value)
+            if not _is_int(value) and not is_list:
                 raise ValueError(f"{w}: expected a bit mask or a list of {', '.join(names)}, got {value!r}")
         elif key == "fabric":
             _check_counts(value, w, ("state", "status"))

@@ -86,7 +86,7 @@ class Result:
 
 # ----------------------------------------------------------------------------------------------- mutation
 def _rand_bytes(rng: random.Random, n: int) -> bytes:
-    return bytes(rng.getrandbits(8) for _ in range(n))
+    return bytes(rng.getrandbits(8) for _unused in range(n))
 
 
 def _span(rng: random.Random, data: bytes) -> Tuple[int, int]:

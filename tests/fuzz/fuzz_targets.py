@@ -201,9 +201,9 @@ def nvml_target() -> Target:
         cfg["devices"] = cfg["devices"][:2]
         cfg["count"] = min(cfg["count"], 2)
         seeds.append(json.dumps(cfg, indent=1).encode())
-    seeds.append(json.dumps({"count": 2, "devices": [{"index": 1, "fail": {"mode": "lost", "after_calls": 3}},
-                                                      {"index": 0, "not_supported": ["nvmlDeviceGetRemappedRows"],
-                                                       "nvlink_errors": {"0": {"replay": 3}}}]}).encode())
+    devices = [{"index": 1, "fail": {"mode": "lost", "after_calls": 3}},
+               {"index": 0, "not_supported": ["nvmlDeviceGetRemappedRows"], "nvlink_errors": {"0": {"replay": 3}}}]
+    seeds.append(json.dumps({"count": 2, "devices": devices}).encode())
     seeds.append(b"count: 1\ninit_error: LibRmVersionMismatch\n")
     seeds.append(b"count: 2\ndevice_defaults:\n  remapped_rows: [0, 4, 1, 0]\n  recovery_action: 2\n")
     json_path = _TMP / "replay.json"
@@ -366,7 +366,7 @@ def scenario_target() -> Target:
             scenario.load(path)
         except SpecError as exc:
             msg = str(exc)
-            assert msg and "\n" not in msg.split(": not valid YAML:")[0], "SpecError is not one clear line"
+            assert msg and "\n" not in msg.split(": not valid YAML:", maxsplit=1)[0], "SpecError is not one clear line"
 
     tokens = [b"rate_per_1000_node_days: ", b"job_mtbf_h: ", b"horizon_days: ", b"nodes: ", b"- name: ",
               b"duration_min: {dist: lognormal, median: 5, p90: 1}", b".inf", b"-.inf", b".nan", b"!!binary",

@@ -9,6 +9,7 @@ the rules skip ``None`` instead of failing on it. Plain dataclasses, JSON round-
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
@@ -216,7 +217,7 @@ def _scalar_ok(name: str, v: Any) -> bool:
         return False
     if name == "int":
         return isinstance(v, int)
-    return v == v and abs(v) != float("inf")  # float: finite
+    return isinstance(v, int) or math.isfinite(v)  # float: finite
 
 
 def _value(ann: str, v: Any, where: str) -> Any:

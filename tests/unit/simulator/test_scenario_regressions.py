@@ -20,7 +20,7 @@ def _load(tmp_path, data: bytes):
     with pytest.raises(SpecError) as exc:
         scenario.load(p)
     msg = str(exc.value)
-    assert "\n" not in msg.split("not valid YAML:")[0]
+    assert "\n" not in msg.split("not valid YAML:", maxsplit=1)[0]
     return msg
 
 
