@@ -39,6 +39,7 @@ for v in $pip_versions; do cp "$repo/scripts/get_pip_offline.py" "$home/.ansible
 # pip keeps the user's cache and configuration
 export PIP_CACHE_DIR="${PIP_CACHE_DIR:-$HOME/.cache/pip}"
 if [ -z "${PIP_CONFIG_FILE:-}" ] && [ -f "$HOME/.config/pip/pip.conf" ]; then export PIP_CONFIG_FILE="$HOME/.config/pip/pip.conf"; fi
-echo "sanity: $("$venv/bin/ansible" --version | head -1), target Pythons ${pythons[*]}"
+version=$("$venv/bin/ansible" --version)  # whole output: a pipe into head would break ansible's write
+echo "sanity: ${version%%$'\n'*}, target Pythons ${pythons[*]}"
 cd "$dest"
 HOME="$home" PATH="$pybin:$venv/bin:$PATH" "$venv/bin/ansible-test" sanity --venv --color no "$@"
