@@ -29,9 +29,12 @@ class SpecError(ValueError):
 def _num(path: str, value: Any, *, positive: bool = False, allow_zero: bool = True) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise SpecError(f"{path}: expected a number, got {value!r}")
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:  # an integer beyond float range
+        v = math.inf
     if math.isnan(v) or math.isinf(v):
-        raise SpecError(f"{path}: expected a finite number, got {value!r}")
+        raise SpecError(f"{path}: expected a finite number, got {value!r:.60}")
     if positive and (v < 0 or (v == 0 and not allow_zero)):
         raise SpecError(f"{path}: expected a number {'>= 0' if allow_zero else '> 0'}, got {value!r}")
     return v
@@ -73,7 +76,13 @@ def parse_duration(path: str, spec: Any) -> tuple[Sampler, float]:
         else:
             raise SpecError(f"{path}: lognormal needs p90 or sigma next to median")
         mu = math.log(med)
-        return (lambda r, mu=mu, s=sigma: r.lognormvariate(mu, s)), math.exp(mu + sigma * sigma / 2)
+        try:
+            mean = math.exp(mu + sigma * sigma / 2)
+        except OverflowError:
+            mean = math.inf
+        if not math.isfinite(mean):
+            raise SpecError(f"{path}: the lognormal's mean overflows (sigma {sigma:g}; p90 / median too large)")
+        return (lambda r, mu=mu, s=sigma: r.lognormvariate(mu, s)), mean
     if kind == "uniform":
         lo = _num(f"{path}.low", spec.get("low"), positive=True)
         hi = _num(f"{path}.high", spec.get("high"), positive=True)
@@ -82,7 +91,13 @@ def parse_duration(path: str, spec: Any) -> tuple[Sampler, float]:
         return (lambda r, lo=lo, hi=hi: r.uniform(lo, hi)), (lo + hi) / 2
     k = _num(f"{path}.shape", spec.get("shape"), positive=True, allow_zero=False)
     lam = _num(f"{path}.scale", spec.get("scale"), positive=True, allow_zero=False)
-    return (lambda r, lam=lam, k=k: r.weibullvariate(lam, k)), lam * math.gamma(1 + 1 / k)
+    try:
+        mean = lam * math.gamma(1 + 1 / k)
+    except OverflowError:
+        raise SpecError(f"{path}.shape: expected a larger shape, the mean overflows with {k:g}")
+    if math.isinf(mean):
+        raise SpecError(f"{path}: the weibull's mean overflows (scale {lam:g}, shape {k:g})")
+    return (lambda r, lam=lam, k=k: r.weibullvariate(lam, k)), mean
 
 
 # Student t 97.5 % quantiles for 95 % two-sided confidence intervals (df 1..30), then the normal value.

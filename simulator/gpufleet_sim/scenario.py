@@ -41,8 +41,8 @@ def _get(d: dict, key: str, path: str, kind, default: Any = ..., check=None):
     if kind is float:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise SpecError(f"{path}.{key}: expected a number, got {v!r}")
-        if not math.isfinite(float(v)):
-            raise SpecError(f"{path}.{key}: expected a finite number, got {v!r}")
+        if not (isinstance(v, int) and abs(v) < 1e300) and not (isinstance(v, float) and math.isfinite(v)):
+            raise SpecError(f"{path}.{key}: expected a finite number, got {v!r:.60}")
         v = float(v)
     elif kind is int:
         if isinstance(v, bool) or not isinstance(v, int):
@@ -92,7 +92,7 @@ def _one_of(options):
 
 
 def _unknown(d: dict, allowed: set, path: str) -> None:
-    extra = sorted(set(d) - allowed)
+    extra = sorted(str(k) for k in set(d) - allowed)  # YAML keys may be booleans (on:) or numbers
     if extra:
         raise SpecError(f"{path}: unknown field(s) {extra}; expected some of {sorted(allowed)}")
 

@@ -58,3 +58,19 @@ def test_duration_dist_not_a_name_names_the_field(tmp_path):
     raw["repair"]["hot_swap_min"] = {"dist": {"x": 1}}
     msg = _load(tmp_path, yaml.safe_dump(raw).encode())
     assert "repair.hot_swap_min.dist" in msg
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda raw: raw.update({True: 1, "x": 2}), "unknown field"),  # was TypeError in sorted()
+    (lambda raw: raw["jobs"][0].__setitem__("checkpoint_cost_min", 10 ** 400), "checkpoint_cost_min"),  # OverflowError
+    (lambda raw: raw["repair"].__setitem__("hot_swap_min", {"dist": "lognormal", "median": 1e-300, "p90": 1e300}),
+     "hot_swap_min"),                                                                   # math range error
+    (lambda raw: raw["repair"].__setitem__("hot_swap_min", {"dist": "weibull", "shape": 1e-5, "scale": 5}),
+     "hot_swap_min"),
+    (lambda raw: raw["repair"].__setitem__("hot_swap_min", 10 ** 400), "hot_swap_min"),
+])
+def test_numbers_out_of_range_name_the_field(tmp_path, edit, field):
+    # fuzz findings (full campaign, inputs 52,656 to 100,000)
+    raw = yaml.safe_load(DALY.read_text(encoding="utf-8"))
+    edit(raw)
+    assert field in _load(tmp_path, yaml.safe_dump(raw).encode())
