@@ -26,6 +26,14 @@ class SpecError(ValueError):
     """A scenario field is wrong; the message names the field and what was expected."""
 
 
+def short_repr(value: Any) -> str:
+    """repr() for an error message: at most 60 characters, and no repr() of a huge integer (Python refuses to
+    print more than 4300 digits)."""
+    if isinstance(value, int) and value.bit_length() > 200:
+        return f"an integer of {value.bit_length()} bits"
+    return repr(value)[:60]
+
+
 def _num(path: str, value: Any, *, positive: bool = False, allow_zero: bool = True) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise SpecError(f"{path}: expected a number, got {value!r}")
@@ -34,7 +42,7 @@ def _num(path: str, value: Any, *, positive: bool = False, allow_zero: bool = Tr
     except OverflowError:  # an integer beyond float range
         v = math.inf
     if math.isnan(v) or math.isinf(v):
-        raise SpecError(f"{path}: expected a finite number, got {value!r:.60}")
+        raise SpecError(f"{path}: expected a finite number, got {short_repr(value)}")
     if positive and (v < 0 or (v == 0 and not allow_zero)):
         raise SpecError(f"{path}: expected a number {'>= 0' if allow_zero else '> 0'}, got {value!r}")
     return v

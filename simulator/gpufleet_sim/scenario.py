@@ -13,7 +13,7 @@ from typing import Any
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils import safeyaml
 
-from .dists import SpecError, parse_duration
+from .dists import SpecError, parse_duration, short_repr
 from .policies import resolve
 
 # the repair brain's vocabulary (plugins/module_utils/repair/model.py REPAIR_STEPS)
@@ -42,7 +42,7 @@ def _get(d: dict, key: str, path: str, kind, default: Any = ..., check=None):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise SpecError(f"{path}.{key}: expected a number, got {v!r}")
         if not (isinstance(v, int) and abs(v) < 1e300) and not (isinstance(v, float) and math.isfinite(v)):
-            raise SpecError(f"{path}.{key}: expected a finite number, got {v!r:.60}")
+            raise SpecError(f"{path}.{key}: expected a finite number, got {short_repr(v)}")
         v = float(v)
     elif kind is int:
         if isinstance(v, bool) or not isinstance(v, int):

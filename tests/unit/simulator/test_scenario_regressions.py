@@ -74,3 +74,15 @@ def test_numbers_out_of_range_name_the_field(tmp_path, edit, field):
     raw = yaml.safe_load(DALY.read_text(encoding="utf-8"))
     edit(raw)
     assert field in _load(tmp_path, yaml.safe_dump(raw).encode())
+
+
+@pytest.mark.parametrize("old, new, field", [
+    ("checkpoint_cost_min: 5", "checkpoint_cost_min: 0x" + "f" * 4000, "checkpoint_cost_min"),
+    ("  business_hours: null", "  business_hours: null\n  hot_swap_min: 0x" + "f" * 4000, "hot_swap_min"),
+])
+def test_integer_of_more_than_4300_digits_in_the_message(tmp_path, old, new, field):
+    # fuzz finding (third scenario run): the error message's repr() of the number raised ValueError
+    text = DALY.read_text(encoding="utf-8")
+    assert old in text
+    msg = _load(tmp_path, text.replace(old, new).encode())
+    assert field in msg and "an integer of" in msg
