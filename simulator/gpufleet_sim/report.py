@@ -103,7 +103,7 @@ def explain(res: dict) -> list:
                  if gpu_h > 0 and p["lost_gpu_hours_by_cause"][c]["mean"] > 0]
         text = (f"trains {p['ettr']['mean'] * 100:.1f} % of the time over {p['wall_h']['mean']:,.0f} h; of the "
                 "GPU-hours lost, " + (", ".join(f"{x * 100:.0f} % {CAUSE_LABEL[c]}" for c, x in share) or "none") + ".")
-        other = ranked[1] if name == ranked[0] else ranked[0]
+        other = (ranked[1] if name == ranked[0] else ranked[0]) if len(ranked) > 1 else None
         if len(ranked) > 1 and name in res.get("per_seed", {}):
             d = paired({other: res["per_seed"][other], name: res["per_seed"][name]})["policies"][name]
             win = d["ettr"]["mean"] >= 0

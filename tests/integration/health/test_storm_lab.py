@@ -99,7 +99,7 @@ def wait_runs(lab, d: Path, n_more: int, timeout: float = 240):
     while any(runs(d, node) < start[node] + n_more for node in lab.nodes):
         if time.monotonic() > deadline:
             raise AssertionError(f"health checks did not run {n_more} more times within {timeout}s: "
-                                 f"{ {node: runs(d, node) - start[node] for node in lab.nodes} }")
+                                 f"{dict((node, runs(d, node) - start[node]) for node in lab.nodes)}")
         time.sleep(0.5)
 
 

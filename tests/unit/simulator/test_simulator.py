@@ -350,3 +350,11 @@ def test_frontier_scenario_runs_at_a_sensible_operating_point():
     assert sc["cluster"]["nodes"] * sc["cluster"]["gpus_per_node"] == 100_000
     r = run_one(sc, resolve("passive+auto-repair+hot-spares"), 1, horizon_h=48.0)
     assert r["interruptions"] > 50 and r["ettr"] > 0.6  # a blocking save every Young interval would give ~0.06
+
+
+def test_one_policy_run_has_a_report(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "gpufleet_sim.cli", "run", str(val.SCENARIOS / "default-1k.yaml"),
+                        "--seeds", "2", "--policy", "reactive-auto", "--out", str(tmp_path)], capture_output=True,
+                       text=True, check=False, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "reactive-auto: trains" in r.stdout
