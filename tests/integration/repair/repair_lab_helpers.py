@@ -126,6 +126,7 @@ class RepairLab:
             "node_repair_reboot_timeout": 90,
             "node_repair_hook_command": [str(self.hook_cmd)],
             "node_repair_publish_dir": str(self.tmp),
+            "node_repair_textfile_dir": str(self.tmp),
             "ansible_connection": "local",
             "ansible_python_interpreter": sys.executable,
         }

@@ -91,6 +91,9 @@ def test_storm_trips_the_breaker_and_limits_the_blast_radius(repair_lab):
     assert rl.breaker()["tripped"] is True
     assert rl.resets() == [] and rl.reboots() == []
     assert all(d["action"] == "hold" for d in plan["decisions"])
+    # the run's metrics for node_exporter say so too (the GpufleetRepairBreakerOpen alert reads them)
+    prom = (rl.tmp / "gpufleet_repair.prom").read_text()
+    assert "gpufleet_repair_breaker_open 1" in prom and 'gpufleet_repair_decisions{action="hold"}' in prom
     assert all(lab.node_states()[n][0] == "drained" for n in sick)
     # it stays tripped on the next run (persisted), even with the faults now older than the window
     _r, art = rl.run(ok=False, config=dict(cfg, breaker={"fraction": "50%", "min_nodes": 2, "window": 1}))
