@@ -519,7 +519,7 @@ start_slurmctld() {
   if ctld_pid >/dev/null; then return 0; fi
   port_busy "$CTLD_PORT" && die "port $CTLD_PORT (slurmctld) is busy: choose another SLURM_LAB_PORT_BASE"
   local -a args=(-f "$CONF")
-  if ((fresh)); then args+=(-c); rm -f "$LAB"/flags/*.bad; fi
+  if ((fresh)); then args+=(-c); fi
   daemon /usr/sbin/slurmctld "${args[@]}" || die "slurmctld failed to start; see $LAB/log/slurmctld.log"
   t0=$(now_ms); end=$(deadline "$CTLD_TIMEOUT")
   while :; do
@@ -621,6 +621,9 @@ cmd_start() {
   echo "$RELEASE" >"$LAB/etc/release"
   start_munged
   if ((!was_running)) && [[ "$KEEP_STATE" != 1 ]]; then fresh=1; fi
+  # A fresh lab starts clean: no health flag and no hook left by a run that was killed before its teardown
+  # (a leftover healthcheck.hook drains its node at the first health check, and "nodes not idle" follows).
+  if ((fresh)); then rm -f "$LAB"/flags/*.bad "$LAB/etc/healthcheck.hook" "$LAB/etc/epilog.hook"; fi
   start_slurmctld "$fresh"
   if ((was_running && CONF_CHANGED)); then log "slurm.conf changed: scontrol reconfigure"; client scontrol reconfigure; fi
   local n
