@@ -144,10 +144,10 @@ def node_groups(node, reason_groups):
     groups += [group_name("slurm_state", f) for f in sorted(node.flags)]
     groups += [group_name("slurm_partition", p) for p in node.partitions]
     groups += [group_name("slurm_feature", f) for f in node.features]
-    if "DRAIN" in node.flags or node.is_down or "FAIL" in node.flags:
-        for suffix, prefix in sorted((reason_groups or {}).items()):
-            if prefix and (node.reason or "").startswith(prefix):
-                groups.append(group_name("slurm_reason", suffix))
+    for suffix, prefix in sorted((reason_groups or {}).items()):
+        # only while the node is out of service and the reason is that owner's (the rule of repair/owner.py)
+        if isinstance(prefix, str) and prefix.strip() and node.drained_by(prefix):
+            groups.append(group_name("slurm_reason", suffix))
     out = []
     for g in groups:
         if g not in out:
@@ -228,9 +228,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         strict = self.get_option("strict")
         reason_groups = self.get_option("reason_groups")
         for rec in records:
-            fields = {k: v for k, v in rec.items() if k in Node.__dataclass_fields__}
-            fields["flags"] = frozenset(fields.get("flags") or ())
-            node = Node(**fields)
+            node = Node.from_dict(rec)
             host = node.name
             self.inventory.add_host(host)
             for key, value in node_hostvars(node).items():

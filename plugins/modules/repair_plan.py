@@ -19,6 +19,7 @@ author:
   - gpufleet.reliability contributors (@gpufleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - gpufleet.reliability.slurm
 attributes:
   check_mode:
     support: full
@@ -105,6 +106,8 @@ options:
       - Path or name of C(sinfo).
     type: str
     default: sinfo
+seealso:
+  - module: gpufleet.reliability.repair_step
 """
 
 EXAMPLES = r"""
@@ -201,7 +204,11 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import BreakerState, RepairError, plan
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.fleet import build_inputs
-from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import SlurmClient, SlurmError
+from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import SlurmError
+from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm_module import (
+    SLURM_COMMON_ARGS,
+    client_from_module,
+)
 
 
 def _read_json(module, path, what):
@@ -269,32 +276,28 @@ def _approvals(module):
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            config=dict(type="dict", default={}),
-            approvals=dict(type="list", elements="str", default=[]),
-            approvals_file=dict(type="path"),
-            reports=dict(type="dict", default={}),
-            reports_dir=dict(type="path"),
-            breaker_state_file=dict(type="path"),
-            breaker_reset=dict(type="bool", default=False),
-            history_field=dict(type="str", choices=["extra", "comment"], default="extra"),
-            spare_reason=dict(type="str", default="gpufleet: spare"),
-            partitions=dict(type="list", elements="str", default=[]),
-            domain_prefixes=dict(type="dict", default={"rack": "rack", "switch": "switch"}),
-            now=dict(type="float"),
-            scontrol=dict(type="str", default="scontrol"),
-            sinfo=dict(type="str", default="sinfo"),
-        ),
-        supports_check_mode=True,
+    argument_spec = dict(
+        config=dict(type="dict", default={}),
+        approvals=dict(type="list", elements="str", default=[]),
+        approvals_file=dict(type="path"),
+        reports=dict(type="dict", default={}),
+        reports_dir=dict(type="path"),
+        breaker_state_file=dict(type="path"),
+        breaker_reset=dict(type="bool", default=False),
+        history_field=dict(type="str", choices=["extra", "comment"], default="extra"),
+        spare_reason=dict(type="str", default="gpufleet: spare"),
+        partitions=dict(type="list", elements="str", default=[]),
+        domain_prefixes=dict(type="dict", default={"rack": "rack", "switch": "switch"}),
+        now=dict(type="float"),
+        scontrol=dict(type="str", default="scontrol"),
+        sinfo=dict(type="str", default="sinfo"),
     )
+    argument_spec.update(SLURM_COMMON_ARGS)
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     p = module.params
     now = p["now"] if p["now"] is not None else time.time()
 
-    def runner(argv):
-        return module.run_command(argv, environ_update={"LC_ALL": "C"})
-
-    client = SlurmClient(runner=runner, backend="cli", scontrol=p["scontrol"], sinfo=p["sinfo"])
+    client = client_from_module(module)
     try:
         nodes = client.nodes()
     except SlurmError as exc:

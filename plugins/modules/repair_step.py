@@ -30,6 +30,7 @@ author:
   - gpufleet.reliability contributors (@gpufleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - gpufleet.reliability.slurm
 attributes:
   check_mode:
     support: full
@@ -83,6 +84,9 @@ options:
     description: Path or name of C(sinfo).
     type: str
     default: sinfo
+seealso:
+  - module: gpufleet.reliability.repair_plan
+  - module: gpufleet.reliability.slurm_node
 """
 
 EXAMPLES = r"""
@@ -117,29 +121,32 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import HistoryError, is_ours, record_outcome
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.history import loads_ours
-from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.owner import foreign_reason
-from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import SlurmClient, SlurmError
-
-_REBOOT_FLAGS = {"REBOOT_REQUESTED", "REBOOT_ISSUED"}
+from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import SlurmError
+from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm_module import (
+    SLURM_COMMON_ARGS,
+    client_from_module,
+)
 
 
 def main():
+    argument_spec = dict(
+        node=dict(type="str", required=True),
+        op=dict(type="str", required=True,
+                choices=["record", "outcome", "drain", "reboot", "escalate", "resume", "spare_in", "check", "note",
+                         "status"]),
+        history=dict(type="str"),
+        outcome=dict(type="str", choices=["ok", "failed", "timeout"]),
+        cooldown=dict(type="float", default=1800),
+        reason=dict(type="str"),
+        reason_prefix=dict(type="str", default="gpufleet:"),
+        spare_reason=dict(type="str", default="gpufleet: spare"),
+        history_field=dict(type="str", choices=["extra", "comment"], default="extra"),
+        scontrol=dict(type="str", default="scontrol"),
+        sinfo=dict(type="str", default="sinfo"),
+    )
+    argument_spec.update(SLURM_COMMON_ARGS)
     module = AnsibleModule(
-        argument_spec=dict(
-            node=dict(type="str", required=True),
-            op=dict(type="str", required=True,
-                    choices=["record", "outcome", "drain", "reboot", "escalate", "resume", "spare_in", "check", "note",
-                             "status"]),
-            history=dict(type="str"),
-            outcome=dict(type="str", choices=["ok", "failed", "timeout"]),
-            cooldown=dict(type="float", default=1800),
-            reason=dict(type="str"),
-            reason_prefix=dict(type="str", default="gpufleet:"),
-            spare_reason=dict(type="str", default="gpufleet: spare"),
-            history_field=dict(type="str", choices=["extra", "comment"], default="extra"),
-            scontrol=dict(type="str", default="scontrol"),
-            sinfo=dict(type="str", default="sinfo"),
-        ),
+        argument_spec=argument_spec,
         required_if=[("op", "outcome", ["outcome"]), ("op", "record", ["history"]), ("op", "drain", ["reason"]),
                      ("op", "reboot", ["reason"]), ("op", "escalate", ["reason"]), ("op", "note", ["reason"])],
         supports_check_mode=True,
@@ -148,10 +155,7 @@ def main():
     name, op, field = p["node"], p["op"], p["history_field"]
     prefix = p["reason_prefix"]
 
-    def runner(argv):
-        return module.run_command(argv, environ_update={"LC_ALL": "C"})
-
-    client = SlurmClient(runner=runner, backend="cli", scontrol=p["scontrol"], sinfo=p["sinfo"])
+    client = client_from_module(module)
 
     def read():
         try:
@@ -165,12 +169,11 @@ def main():
     if p["reason"] is not None and op in ("drain", "reboot", "escalate", "note") and not p["reason"].startswith(prefix):
         module.fail_json(msg=f"reason: must start with {prefix!r} (our drains are known by it), got {p['reason']!r}")
     try:
-        not_ours = foreign_reason(node.state, node.flags, node.reason, prefix)
+        not_ours = node.foreign(prefix)
     except ValueError as exc:
         module.fail_json(msg=str(exc))
     foreign = not_ours is not None
-    out = node.is_down or "DRAIN" in node.flags or "FAIL" in node.flags
-    ours = out and not foreign
+    ours = node.drained_by(prefix)
     changes = []
 
     if op == "check":
@@ -206,25 +209,25 @@ def main():
         if not ("DRAIN" in node.flags and node.reason.split(" [")[0] == p["reason"]):
             changes.append(("drain", p["reason"]))
     elif op == "reboot":
-        if foreign and not node.reason.startswith(prefix):
+        if foreign:
             module.fail_json(msg=f"node {name} is out of service by someone else ({node.reason!r}); not touched")
-        if not (node.flags & _REBOOT_FLAGS):
+        if not node.reboot_pending:
             changes.append(("reboot", p["reason"]))
     elif op == "escalate":
         if foreign:
             module.fail_json(msg=f"node {name} is out of service by someone else ({node.reason!r}); not touched")
-        # a reason counts only while the node is drained/down: Slurm 24.11 keeps the last one after RESUME
-        if not ((node.is_down or "DRAIN" in node.flags) and node.reason == p["reason"]):
+        # a reason counts only while the node is out of service: Slurm 24.11 keeps the last one after RESUME
+        if not (node.out_of_service and node.reason == p["reason"]):
             changes.append(("drain", p["reason"]))
     elif op == "resume":
-        if foreign or (not ours and (node.is_down or "DRAIN" in node.flags)):
+        if foreign:
             module.fail_json(msg=f"node {name} was not drained by us (reason {node.reason!r}); never resumed")
         if ours:
             changes.append(("resume", None))
     elif op == "note":
         if ours and node.reason != p["reason"]:
             changes.append(("drain", p["reason"]))
-    elif op == "spare_in" and ("DRAIN" in node.flags or node.is_down):
+    elif op == "spare_in" and node.out_of_service:
         if not node.reason.startswith(p["spare_reason"]):
             module.fail_json(msg=f"node {name} is not a hot spare (reason {node.reason!r}); not resumed")
         changes.append(("resume", None))
@@ -237,10 +240,7 @@ def main():
     try:
         for what, arg in changes:
             if what == "history":
-                if field == "extra":
-                    client.set_extra(name, arg)
-                else:
-                    client.set_comment(name, arg)
+                client.set_history(name, field, arg)
             elif what == "drain":
                 client.drain(name, arg)
             elif what == "reboot":

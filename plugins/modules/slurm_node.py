@@ -186,12 +186,9 @@ waited:
   sample: 1.3
 """
 
-import time
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.owner import foreign_reason
-from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import Node, SlurmError
+from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import SlurmError, WaitTimeout, wait_for_nodes
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm_module import (
     SLURM_COMMON_ARGS,
     client_from_module,
@@ -206,36 +203,34 @@ def _brief(node):
 def _plan(nodes, p):
     """-> (targets, skipped, predicted after-state per target)."""
     state = p["state"]
+    prefix = p["only_if_reason_prefix"]
     targets, skipped, predicted = [], {}, {}
     for name, n in nodes.items():
         if state == "drained":
             if "DRAIN" in n.flags:
                 skipped[name] = "already drained" if n.drained else "already draining"
                 continue
-            predicted[name] = Node(**{**n.__dict__, "flags": n.flags | {"DRAIN"}, "reason": p["reason"]})
+            predicted[name] = n.but(flags=n.flags | {"DRAIN"}, reason=p["reason"])
         elif state == "down":
             if n.is_down:
                 skipped[name] = "already down"
                 continue
-            predicted[name] = Node(**{**n.__dict__, "state": "down", "reason": p["reason"]})
+            predicted[name] = n.but(state="down", reason=p["reason"])
         elif state == "resumed":
-            if not ("DRAIN" in n.flags or n.is_down or "FAIL" in n.flags):
+            if not n.out_of_service:
                 skipped[name] = f"not drained or down ({n.sinfo_state})"
                 continue
-            prefix = p["only_if_reason_prefix"]
-            if prefix and not (n.reason or "").startswith(prefix):
+            if prefix and not n.drained_by(prefix):
                 skipped[name] = f"reason {n.reason!r} does not start with {prefix!r}"
                 continue
-            base = "idle" if n.state == "down" else n.state
-            predicted[name] = Node(**{**n.__dict__, "state": base, "reason": "",
-                                      "flags": n.flags - {"DRAIN", "FAIL", "NOT_RESPONDING"}})
+            predicted[name] = n.but(state="idle" if n.is_down else n.state, reason="",
+                                    flags=n.flags - {"DRAIN", "FAIL", "NOT_RESPONDING"})
         elif state == "rebooted":
-            if p["only_if_reason_prefix"]:
-                why = foreign_reason(n.state, n.flags, n.reason, p["only_if_reason_prefix"])
-                if why:
-                    skipped[name] = why
-                    continue
-            if n.flags & {"REBOOT_REQUESTED", "REBOOT_ISSUED"}:
+            why = n.foreign(prefix) if prefix else None
+            if why:
+                skipped[name] = why
+                continue
+            if n.reboot_pending:
                 skipped[name] = "reboot already pending"
                 continue
             since = p["skip_if_booted_since"]
@@ -243,25 +238,9 @@ def _plan(nodes, p):
                 skipped[name] = f"booted at {n.boot_time}, at or after {since}"
                 continue
             extra = {"REBOOT_REQUESTED"} | ({"DRAIN"} if p["asap"] else set())
-            predicted[name] = Node(**{**n.__dict__, "flags": n.flags | extra,
-                                      "reason": p["reason"] or n.reason})
+            predicted[name] = n.but(flags=n.flags | extra, reason=p["reason"] or n.reason)
         targets.append(name)
     return targets, skipped, predicted
-
-
-def _done(state, before, now, p):
-    """Is node ``now`` finished for ``state`` (``before`` = as it was before the change)?"""
-    if state == "drained":
-        return now.drained
-    if state == "resumed":
-        return not (now.flags & {"DRAIN", "FAIL", "NOT_RESPONDING"}) and not now.is_down and now.state != "unknown"
-    if state == "rebooted":
-        if now.flags & {"REBOOT_REQUESTED", "REBOOT_ISSUED", "NOT_RESPONDING"}:
-            return False
-        if before.boot_time is not None and (now.boot_time or 0) <= before.boot_time:
-            return False
-        return now.is_down if p["nextstate"] == "down" else (not now.is_down and now.state != "unknown")
-    return True
 
 
 def main():
@@ -321,22 +300,15 @@ def main():
                 client.reboot(targets, p["reason"], nextstate=p["nextstate"], asap=p["asap"])
             now = client.nodes(p["name"])
             if p["wait"] and state != "down":
-                start = time.monotonic()
-                while True:
-                    pending = [n for n in targets if not _done(state, nodes[n], now[n], p)]
-                    if not pending:
-                        break
-                    if time.monotonic() - start >= p["timeout"]:
-                        result["waited"] = round(time.monotonic() - start, 2)
-                        result["after"] = {n: node.to_dict() for n, node in now.items()}
-                        result["commands"] = client.commands
-                        module.fail_json(
-                            msg=f"timed out after {p['timeout']}s waiting for {state}: "
-                                + ", ".join(f"{n} is {now[n].sinfo_state}" for n in pending),
-                            **result)
-                    time.sleep(p["poll_interval"])
-                    now = client.nodes(p["name"])
-                result["waited"] = round(time.monotonic() - start, 2)
+                try:
+                    now, result["waited"] = wait_for_nodes(
+                        lambda: client.nodes(p["name"]), state, nodes, targets, timeout=p["timeout"],
+                        poll_interval=p["poll_interval"], nextstate=p["nextstate"], first=now)
+                except WaitTimeout as exc:
+                    result["waited"] = exc.waited
+                    result["after"] = {n: node.to_dict() for n, node in exc.nodes.items()}
+                    result["commands"] = client.commands
+                    module.fail_json(msg=exc.msg, **result)
             after = now
         result["after"] = {n: node.to_dict() for n, node in after.items()}
     except SlurmError as exc:

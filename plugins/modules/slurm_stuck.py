@@ -140,8 +140,7 @@ def find_stuck(nodes, jobs_by_node, now, completing_after, unkillable_reasons):
     """-> (stuck entries, {node: age or None} for every COMPLETING node). Pure: unit-testable."""
     stuck, completing = [], {}
     for name, node in nodes.items():
-        if any(p and (node.reason or "").startswith(p) for p in unkillable_reasons) and (
-                "DRAIN" in node.flags or node.is_down):
+        if node.out_of_service and any(p and (node.reason or "").startswith(p) for p in unkillable_reasons):
             stuck.append({"node": name, "kind": "unkillable", "seconds": None,
                           "jobs": [j["job_id"] for j in jobs_by_node.get(name, [])],
                           "state": node.sinfo_state, "reason": node.reason})

@@ -342,14 +342,14 @@ def test_select_backend_pyslurm_requested_but_unusable_is_an_error():
 
 def test_client_auto_uses_cli_here_because_pyslurm_is_absent(monkeypatch):
     """On this machine pyslurm is not installable (PyPI has none for Debian's Slurm): auto means cli."""
-    monkeypatch.setattr(slurm, "_import_pyslurm", lambda: None)
+    monkeypatch.setattr(slurm.pyslurm_backend, "import_pyslurm", lambda: None)
     c = SlurmClient(runner=Replay(), backend="auto")
     assert c.backend == "cli" and c.backend_reason == "pyslurm not importable"
 
 
 def test_client_auto_picks_matching_pyslurm(monkeypatch):
     mod = fake_pyslurm("22.5.3")
-    monkeypatch.setattr(slurm, "_import_pyslurm", lambda: mod)
+    monkeypatch.setattr(slurm.pyslurm_backend, "import_pyslurm", lambda: mod)
     c = SlurmClient(runner=Replay(), backend="auto")
     assert c.backend == "pyslurm" and "matches Slurm 22.05" in c.backend_reason
 
@@ -375,7 +375,7 @@ def recording_pyslurm(version, fail=None):
 
 def test_pyslurm_backend_changes_all_nodes_in_one_update(monkeypatch):
     mod = recording_pyslurm("22.5.3")
-    monkeypatch.setattr(slurm, "_import_pyslurm", lambda: mod)
+    monkeypatch.setattr(slurm.pyslurm_backend, "import_pyslurm", lambda: mod)
     c = SlurmClient(runner=Replay(), backend="pyslurm")
     monkeypatch.setattr(c, "nodes", lambda names: {n: None for n in ("node1", "node2", "node3")})
     assert c.drain("node[1-3]", "gpufleet: rack r7") == ["node1", "node2", "node3"]
@@ -385,7 +385,7 @@ def test_pyslurm_backend_changes_all_nodes_in_one_update(monkeypatch):
 def test_pyslurm_backend_errors_are_classified(monkeypatch):
     for text, kind in (("Invalid node name specified", "unknown_node"), ("boom", "command")):
         mod = recording_pyslurm("22.5.3", fail=text)
-        monkeypatch.setattr(slurm, "_import_pyslurm", lambda mod=mod: mod)
+        monkeypatch.setattr(slurm.pyslurm_backend, "import_pyslurm", lambda mod=mod: mod)
         c = SlurmClient(runner=Replay(), backend="pyslurm")
         monkeypatch.setattr(c, "nodes", lambda names: {"node1": None})
         with pytest.raises(SlurmError) as err:
