@@ -191,13 +191,13 @@ def _strip_hangs(cfg: Any) -> Any:
 
 
 def nvml_target() -> Target:
-    from ansible_collections.gpufleet.reliability.plugins.module_utils import nvml
+    from ansible_collections.gpufleet.reliability.plugins.module_utils import nvml, nvml_fake
     from ansible_collections.gpufleet.reliability.plugins.module_utils.health import smi
 
     seeds: List[bytes] = []
     for p in fixtures("gpu/*.xml"):
         snap = smi.read_nvidia_smi_xml(read(p))
-        cfg = nvml.fake_config_from_snapshot(snap)
+        cfg = nvml_fake.fake_config_from_snapshot(snap)
         cfg["devices"] = cfg["devices"][:2]
         cfg["count"] = min(cfg["count"], 2)
         seeds.append(json.dumps(cfg, indent=1).encode())
@@ -213,11 +213,11 @@ def nvml_target() -> Target:
         path = yaml_path if data[:1] not in (b"{", b"[") and data.find(b"\"count\"") < 0 else json_path
         path.write_bytes(data)
         try:
-            cfg = nvml._load_config(str(path))
+            cfg = nvml_fake.load_config(str(path))
         except UnicodeDecodeError:
             return  # the replay file must be UTF-8 text: a decode error is the documented ValueError
         cfg = _strip_hangs(cfg)
-        fake = nvml.FakeNvml(cfg)
+        fake = nvml_fake.FakeNvml(cfg)
         snap = nvml.probe(fake)
         snap.to_dict()
 

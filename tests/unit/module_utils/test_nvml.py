@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -12,14 +13,14 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from ansible_collections.gpufleet.reliability.plugins.module_utils import nvml
+from ansible_collections.gpufleet.reliability.plugins.module_utils import nvml, nvml_fake
 from ansible_collections.gpufleet.reliability.plugins.module_utils.health import judge, read_nvidia_smi_xml
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gpu"
 
 
 def test_fake_raises_pynvml_real_classes():
-    fake = nvml.FakeNvml({"devices": [{"index": 1, "fail": {"mode": "lost"}},
+    fake = nvml_fake.FakeNvml({"devices": [{"index": 1, "fail": {"mode": "lost"}},
                                       {"index": 2, "not_supported": ["nvmlDeviceGetRemappedRows"]}]})
     fake.nvmlInit()
     with pytest.raises(pynvml.NVMLError_GpuIsLost) as exc:
@@ -35,7 +36,7 @@ def test_fake_raises_pynvml_real_classes():
 
 
 def test_probe_healthy_fake_node():
-    snap = nvml.probe(nvml.FakeNvml({}))
+    snap = nvml.probe(nvml_fake.FakeNvml({}))
     assert snap.probe_status == "ok" and snap.source == "fake-nvml" and len(snap.gpus) == 8
     g = snap.gpus[0]
     assert g.pci == "0000:18:00" and g.fabric_state == "Completed" and g.recovery_action == 0
@@ -49,7 +50,7 @@ def test_not_supported_is_skip_not_failure():
     calls = ["nvmlDeviceGetRemappedRows", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetNvLinkState",
              "nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetFieldValues", "nvmlDeviceGetPcieReplayCounter",
              "nvmlDeviceGetMarginTemperature", "nvmlDeviceGetSerial"]
-    snap = nvml.probe(nvml.FakeNvml({"device_defaults": {"not_supported": calls}}))
+    snap = nvml.probe(nvml_fake.FakeNvml({"device_defaults": {"not_supported": calls}}))
     g = snap.gpus[0]
     assert g.remapped_rows_pending is None and g.nvlinks is None and g.fabric_state is None and not g.probe_errors
     assert judge(snap, config={"expected_gpus": 8}).verdict == "healthy"
@@ -107,7 +108,7 @@ def test_init_errors(error, code):
 
 
 def test_reset_required_and_recovery_action():
-    snap = nvml.probe(nvml.FakeNvml({"devices": [{"index": 0, "recovery_action": 4},
+    snap = nvml.probe(nvml_fake.FakeNvml({"devices": [{"index": 0, "recovery_action": 4},
                                                  {"index": 1, "remapped_rows": [0, 3, 1, 0]},
                                                  {"index": 2, "nvlink_down": [7]}]}))
     codes = {(f.code, f.gpu) for f in judge(snap).findings}
@@ -116,11 +117,11 @@ def test_reset_required_and_recovery_action():
 
 def test_bad_fake_config_names_the_field(tmp_path):
     with pytest.raises(ValueError, match=r"fake_nvml.devices\[0\]: unknown key"):
-        nvml.FakeNvml({"devices": [{"bogus": 1}]})
+        nvml_fake.FakeNvml({"devices": [{"bogus": 1}]})
     with pytest.raises(ValueError, match="fake_nvml: unknown key"):
         nvml.probe_with_deadline(1, fake_nvml={"nope": 1})
     with pytest.raises(ValueError, match="unknown NVML error"):
-        nvml.FakeNvml({"init_error": "Sneeze"}).nvmlInit()
+        nvml_fake.FakeNvml({"init_error": "Sneeze"}).nvmlInit()
     bad = tmp_path / "bad.json"
     bad.write_text("{")
     with pytest.raises(ValueError, match="not valid JSON"):
@@ -141,9 +142,9 @@ def test_yaml_and_json_files(tmp_path):
                                   "gb200-2gpu-580.65.06-gpu1-lost.MOCK.nvidia-smi-q-x.xml"])
 def test_recorded_snapshot_replays_through_the_live_path(name):
     xml_snap = read_nvidia_smi_xml((FIXTURES / name).read_text())
-    cfg = nvml.fake_config_from_snapshot(xml_snap)
+    cfg = nvml_fake.fake_config_from_snapshot(xml_snap)
     json.dumps(cfg)
-    replay = nvml.probe(nvml.FakeNvml(cfg))
+    replay = nvml.probe(nvml_fake.FakeNvml(cfg))
     assert [g.pci for g in replay.gpus] == [g.pci for g in xml_snap.gpus]
     assert [g.lost for g in replay.gpus] == [g.lost for g in xml_snap.gpus]
     a, b = judge(xml_snap, config={"expected_gpus": len(xml_snap.gpus)}), judge(replay, config={
@@ -160,3 +161,15 @@ def test_live_pynvml_on_this_machine():
     else:
         assert snap.probe_status in ("ok", "partial") and snap.gpus
     assert sys.modules.get("pynvml") is pynvml
+
+
+@pytest.mark.parametrize("fake, loaded", [(None, False), ({}, True)])
+def test_the_fake_is_loaded_only_when_asked_for(fake, loaded):
+    """A production probe never imports the fake NVML (nvml_fake); a replay does. In a fresh interpreter."""
+    code = ("import sys\n"
+            "from ansible_collections.gpufleet.reliability.plugins.module_utils import nvml\n"
+            f"snap = nvml.probe_with_deadline(20, fake_nvml={fake!r})\n"
+            "mods = [m for m in sys.modules if m.endswith('.nvml_fake')]\n"
+            "sys.stdout.write(snap.probe_status + ' ' + str(bool(mods)))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.split()[-1] == str(loaded), out

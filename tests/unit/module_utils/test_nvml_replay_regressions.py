@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpufleet.reliability.plugins.module_utils import nvml
+from ansible_collections.gpufleet.reliability.plugins.module_utils import nvml, nvml_fake
 
 
 @pytest.mark.parametrize("cfg, field", [
@@ -25,15 +25,15 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils import nvml
 ])
 def test_bad_values_name_the_field(cfg, field):
     with pytest.raises(ValueError, match=field):
-        nvml.FakeNvml(cfg)
+        nvml_fake.FakeNvml(cfg)
 
 
 def test_non_string_keys_name_the_field():
     # YAML 'on:' is the key True: sorting the unknown keys was a TypeError
     with pytest.raises(ValueError, match="unknown key"):
-        nvml.FakeNvml({"count": 1, True: 1, "x": 2})
+        nvml_fake.FakeNvml({"count": 1, True: 1, "x": 2})
     with pytest.raises(ValueError, match=r"device_defaults: unknown key"):
-        nvml.FakeNvml({"device_defaults": {True: 1, "x": 2}})
+        nvml_fake.FakeNvml({"device_defaults": {True: 1, "x": 2}})
 
 
 @pytest.mark.parametrize("name, text, msg", [
@@ -46,11 +46,11 @@ def test_replay_file_that_cannot_be_read_is_a_value_error(tmp_path, name, text, 
     path = tmp_path / name
     path.write_text(text, encoding="utf-8")
     with pytest.raises(ValueError, match=msg):
-        nvml.FakeNvml(nvml._load_config(str(path)))
+        nvml_fake.FakeNvml(nvml_fake.load_config(str(path)))
 
 
 def test_genuine_replay_still_probes():
-    snap = nvml.probe(nvml.FakeNvml({"count": 2, "cuda_version": 13000, "devices": [
+    snap = nvml.probe(nvml_fake.FakeNvml({"count": 2, "cuda_version": 13000, "devices": [
         {"index": 1, "fail": {"mode": "lost", "after_calls": 3}, "retired_pages": {"sbe": 2, "dbe": 1}},
         {"index": 0, "nvlink_errors": {"0": {"replay": 3}}, "remapped_rows": [0, 4, 1, 0], "temp_slowdown": None}]}))
     assert [g.lost for g in snap.gpus] == [False, True]
