@@ -42,3 +42,18 @@ def foreign_reason(state: Optional[str], flags: Iterable[str], reason: Optional[
         return None
     shown = reason[:120] or "none"
     return f"out of service by someone else (reason {shown!r} does not start with {prefix!r})"
+
+
+def drained_by(state: Optional[str], flags: Iterable[str], reason: Optional[str], prefix: str) -> bool:
+    """Out of service with a reason that starts with ``prefix``: we took the node out, we may bring it back."""
+    return out_of_service(state, flags) and foreign_reason(state, flags, reason, prefix) is None
+
+
+#: Base states (scontrol and sinfo spellings, lower case) of a node with jobs on it.
+BUSY_STATES = frozenset({"allocated", "alloc", "mixed", "mix", "completing", "comp"})
+
+
+def busy(state: Optional[str], flags: Iterable[str] = ()) -> bool:
+    """Jobs still on the node, running or completing (``state`` any case, ``*`` ignored)."""
+    base = str(state or "").lower().replace("*", "").split("+", 1)[0]
+    return base in BUSY_STATES or "COMPLETING" in flags

@@ -1,0 +1,281 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Typed inputs of the repair policy: a node's state and the fleet summary.
+
+The Slurm adapter (and the simulator) build these; ``plan()`` takes them as they are, with no parsing per call.
+``NodeState.from_dict`` and ``FleetSummary.from_dict`` turn the older dict records (``fleet.build_inputs``'s
+shape) into them, validating every field and naming the one that is wrong.
+
+The history is a :class:`History` object here; it is text only at the Slurm edge (the node's ``Extra`` or
+``Comment`` field), where ``NodeState.from_dict`` / :func:`history_fields` read it and ``dumps`` writes it.
+
+Whether a node is out of service, whether we drained it and whether it is busy are the rules of ``owner.py``;
+the properties here only apply them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Tuple, Union
+
+from . import owner
+from .history import History, HistoryError, dumps, loads_ours
+from .model import RepairError
+
+#: Flags that mean Slurm is rebooting the node (or will).
+REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"})
+
+
+# ------------------------------------------------------------------------------------------------
+# fleet summary
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class Counts:
+    """Nodes of one partition or failure domain: total, available (in service), unavailable, idle hot spares
+    (their names, or None for each spare when only a count is known)."""
+
+    total: int
+    available: int
+    unavailable: int
+    spares: List[Optional[str]] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> Counts:
+        if not isinstance(d, Mapping):
+            raise RepairError(f"{where}: expected a mapping with total, available, unavailable")
+        vals: Dict[str, int] = {}
+        for key in ("total", "available", "unavailable"):
+            v = d.get(key)
+            if v is None and key == "unavailable" and isinstance(vals.get("total"), int):
+                v = vals["total"] - vals["available"]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise RepairError(f"{where}.{key}: expected an integer >= 0, got {v!r}")
+            vals[key] = v
+        spares: List[Optional[str]] = []
+        raw = d.get("spares_idle", [])
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            spares = [None] * raw
+        elif isinstance(raw, (list, tuple)) and all(isinstance(s, str) for s in raw):
+            spares = sorted(raw)
+        else:
+            raise RepairError(
+                f"{where}.spares_idle: expected a list of idle spare node names or a count, got {raw!r}"
+            )
+        return cls(vals["total"], vals["available"], vals["unavailable"], spares)
+
+
+@dataclass
+class FleetSummary:
+    """Counts per partition and per failure domain (``domains[kind][name]``, kind ``rack`` or ``switch``).
+
+    ``domains`` holds Counts; a summary made by ``from_dict`` keeps the raw mappings and reads one only when a
+    node that needs attention is in that domain, so a fleet of many racks costs nothing per plan.
+    """
+
+    total: int
+    partitions: Dict[str, Counts]
+    domains: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    _parsed: Dict[Tuple[str, str], Optional[Counts]] = field(default_factory=dict, repr=False, compare=False)
+
+    def domain(self, kind: str, name: str) -> Optional[Counts]:
+        raw = (self.domains.get(kind) or {}).get(name)
+        if raw is None or raw.__class__ is Counts:
+            return raw
+        key = (kind, name)
+        if key not in self._parsed:
+            self._parsed[key] = Counts.from_dict(raw, f"fleet.domains.{kind}.{name}")
+        return self._parsed[key]
+
+    @classmethod
+    def from_dict(cls, fleet: Any) -> FleetSummary:
+        """The summary from ``fleet.build_inputs``'s dict (``{total, partitions: {p: counts}, domains: ...}``)."""
+        if isinstance(fleet, FleetSummary):
+            return fleet
+        if not isinstance(fleet, Mapping):
+            raise RepairError(f"fleet: expected a mapping with partitions (and domains), got {type(fleet).__name__}")
+        parts_raw = fleet.get("partitions") or {}
+        if not isinstance(parts_raw, Mapping):
+            raise RepairError("fleet.partitions: expected a mapping of partition name to counts")
+        parts = {str(k): Counts.from_dict(v, f"fleet.partitions.{k}") for k, v in parts_raw.items()}
+        doms_raw = fleet.get("domains") or {}
+        if not isinstance(doms_raw, Mapping):
+            raise RepairError("fleet.domains: expected a mapping of domain kind (rack, switch) to domains")
+        for kind, members in doms_raw.items():
+            if not isinstance(members, Mapping):
+                raise RepairError(f"fleet.domains.{kind}: expected a mapping of domain name to counts")
+        total = fleet.get("total")
+        if total is None:
+            total = sum(c.total for c in parts.values())
+        if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+            raise RepairError(f"fleet.total: expected an integer >= 0, got {total!r}")
+        return cls(total, parts, doms_raw)
+
+
+# ------------------------------------------------------------------------------------------------
+# node state
+# ------------------------------------------------------------------------------------------------
+def split_state(state: str, flags: Iterable[Any] = ()) -> Tuple[str, FrozenSet[str]]:
+    """A Slurm state as scontrol or sinfo writes it (``IDLE+DRAIN``, ``down*``, ``drained``) and extra flags ->
+    (base state in lower case, upper-case flags). sinfo's compound words become a base and the DRAIN flag."""
+    words = [w for w in state.upper().replace("*", "").split("+") if w]
+    base = words[0] if words else "UNKNOWN"
+    fl = set(words[1:])
+    fl |= {str(f).upper() for f in flags}
+    if base in ("DRAINED", "DRAIN"):
+        base = "IDLE"
+        fl.add("DRAIN")
+    elif base == "DRAINING":
+        base = "ALLOCATED"
+        fl.add("DRAIN")
+    return base.lower(), frozenset(fl)
+
+
+@dataclass
+class NodeState:
+    """One node that needs attention, as the repair policy reads it.
+
+    ``state`` is Slurm's base state in lower case (``idle``, ``mixed``, ``allocated``, ``down``, ...), ``flags``
+    the upper-case state flags (``DRAIN``, ``COMPLETING``, ``REBOOT_ISSUED``, ...). ``report`` is the latest health
+    report (the health brain's dict) and ``report_time`` when it was written; ``report_error`` says why it could
+    not be read. ``history`` is the node's repair history (None: the field is empty); ``history_foreign`` is True
+    when the field holds someone else's text (never touched), ``history_error`` says why a history of ours cannot
+    be read.
+    """
+
+    name: str
+    partitions: Tuple[str, ...] = ()
+    domains: Dict[str, str] = field(default_factory=dict)
+    state: str = "unknown"
+    flags: FrozenSet[str] = frozenset()
+    reason: str = ""
+    reason_user: str = ""
+    reason_time: Optional[float] = None
+    report: Optional[Mapping[str, Any]] = None
+    report_time: Optional[float] = None
+    history: Optional[History] = None
+    history_foreign: bool = False
+    history_error: Optional[str] = None
+    boot_time: Optional[float] = None
+    report_error: Optional[str] = None
+
+    # -- the rules of owner.py, applied ---------------------------------------------------------------------------
+    @property
+    def out_of_service(self) -> bool:
+        """DOWN, drained, draining or failed."""
+        return owner.out_of_service(self.state, self.flags)
+
+    def foreign(self, prefix: str) -> Optional[str]:
+        """None when we may act on the node; else why not (out of service with a reason that is not ours)."""
+        return owner.foreign_reason(self.state, self.flags, self.reason, prefix)
+
+    def drained_by(self, prefix: str) -> bool:
+        """Out of service with a reason that starts with ``prefix``: we took it out."""
+        return owner.drained_by(self.state, self.flags, self.reason, prefix)
+
+    @property
+    def out_reason(self) -> str:
+        """The reason, only while the node is out of service; '' for a node in service.
+
+        Slurm 24.11 keeps a node's last reason after RESUME (22.05 clears it) and no update clears it, so on an
+        idle, undrained node the reason is a leftover of an earlier drain and means nothing.
+        """
+        return self.reason if self.out_of_service else ""
+
+    @property
+    def busy(self) -> bool:
+        """Jobs still on the node (running or completing)."""
+        return owner.busy(self.state, self.flags)
+
+    @property
+    def rebooting(self) -> bool:
+        return bool(self.flags & REBOOT_FLAGS)
+
+    @property
+    def history_empty(self) -> bool:
+        """The history field holds nothing at all (nothing to lose, nothing to write back unchanged)."""
+        return self.history is None and not self.history_foreign and self.history_error is None
+
+    # -- the older dict records -----------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: Any, i: int = 0) -> NodeState:
+        """A node from ``fleet.build_inputs``'s record (name, partition(s), domains, state, flags, reason,
+        reason_user, reason_time, report, report_time, report_error, history text or History, boot_time).
+        ``i`` is the record's index, for error messages."""
+        if isinstance(d, NodeState):
+            return d
+        if not isinstance(d, Mapping):
+            raise RepairError(f"attention[{i}]: expected a mapping (name, partition, report, state, ...)")
+        name = d.get("name")
+        if not isinstance(name, str) or not name:
+            raise RepairError(f"attention[{i}].name: expected a node name, got {name!r}")
+        where = f"attention[{name}]"
+        parts = d.get("partitions", d.get("partition"))
+        if isinstance(parts, str):
+            parts = (parts,)
+        if not isinstance(parts, (list, tuple, frozenset, set)) or not all(isinstance(p, str) for p in parts):
+            raise RepairError(f"{where}.partition: expected a partition name (or partitions: a list), got {parts!r}")
+        domains = d.get("domains") or {}
+        if not isinstance(domains, Mapping):
+            raise RepairError(f"{where}.domains: expected a mapping like {{rack: r1, switch: s1}}")
+        state = d.get("state") or ""
+        if not isinstance(state, str):
+            raise RepairError(f"{where}.state: expected a Slurm state string, got {state!r}")
+        raw_flags = d.get("flags") or ()
+        if isinstance(raw_flags, str):
+            raw_flags = [f for f in raw_flags.replace(",", "+").split("+") if f]
+        if not isinstance(raw_flags, (list, tuple, set, frozenset)):
+            raise RepairError(f"{where}.flags: expected a list of Slurm state flags, got {raw_flags!r}")
+        base, flags = split_state(state, raw_flags)
+        hist = d.get("history")
+        if hist is not None and not isinstance(hist, (str, History)):
+            raise RepairError(f"{where}.history: expected the stored history text, got {type(hist).__name__}")
+        history, foreign, error = history_fields(hist)
+        return cls(
+            name=name,
+            partitions=tuple(sorted(parts)),
+            domains={str(k): str(v) for k, v in domains.items()},
+            state=base,
+            flags=flags,
+            reason=str(d.get("reason") or ""),
+            reason_user=str(d.get("reason_user") or ""),
+            reason_time=_opt_time(d.get("reason_time"), where + ".reason_time"),
+            report=d.get("report"),
+            report_time=_opt_time(d.get("report_time"), where + ".report_time"),
+            history=history,
+            history_foreign=foreign,
+            history_error=error,
+            boot_time=_opt_time(d.get("boot_time"), where + ".boot_time"),
+            report_error=str(d["report_error"])[:300] if d.get("report_error") else None,
+        )
+
+    def history_text(self) -> Optional[str]:
+        """The history as Slurm stores it (None when the field is empty or not ours to read)."""
+        return None if self.history is None else dumps(self.history)
+
+
+def history_fields(text: Union[str, History, None]) -> Tuple[Optional[History], bool, Optional[str]]:
+    """The Slurm edge: a history field's text -> (History or None when empty, foreign, error).
+
+    ``foreign``: the field holds someone else's text (never overwritten). ``error``: the text is ours but cannot
+    be read (a newer version, damaged, truncated); the policy holds that node, naming the problem.
+    """
+    if isinstance(text, History):
+        return text, False, None
+    if text is None or not text.strip():
+        return None, False, None
+    try:
+        h = loads_ours(text)
+    except HistoryError as exc:
+        return None, False, str(exc)
+    if h is None:
+        return None, True, None
+    return h, False, None
+
+
+def _opt_time(v: Any, where: str) -> Optional[float]:
+    if v is None or v == 0:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise RepairError(f"{where}: expected epoch seconds, got {v!r}")
+    return float(v)
