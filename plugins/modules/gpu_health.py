@@ -23,15 +23,8 @@ description:
 author:
   - gpufleet.reliability contributors (@gpufleet)
 extends_documentation_fragment:
+  - gpufleet.reliability.attributes.no_diff
   - ansible.builtin.action_common_attributes
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  platform:
-    support: full
-    platforms: posix
 options:
   expected_gpus:
     description:

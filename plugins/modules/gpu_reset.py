@@ -19,16 +19,11 @@ description:
 author:
   - gpufleet.reliability contributors (@gpufleet)
 extends_documentation_fragment:
+  - gpufleet.reliability.attributes.no_diff
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    support: full
     details: Checks for processes and reports what it would do; resets nothing.
-  diff_mode:
-    support: none
-  platform:
-    support: full
-    platforms: posix
 options:
   gpu:
     description:

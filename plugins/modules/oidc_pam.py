@@ -22,15 +22,8 @@ description:
 author:
   - gpufleet.reliability contributors (@gpufleet)
 extends_documentation_fragment:
+  - gpufleet.reliability.attributes
   - ansible.builtin.action_common_attributes
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  platform:
-    support: full
-    platforms: posix
 options:
   config:
     description:
