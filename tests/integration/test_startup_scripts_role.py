@@ -14,6 +14,8 @@ import pytest
 import yaml
 from startup_role_helpers import NODE_PYTHON, REPO, apply_role, role_vars
 
+from ansible_collections.gpufleet.reliability.plugins.filter.node_files import node_files
+
 
 def test_role_twice_is_unchanged_and_units_verify(tmp_path, monkeypatch):
     root = tmp_path / "root"
@@ -35,7 +37,9 @@ def test_role_twice_is_unchanged_and_units_verify(tmp_path, monkeypatch):
         systemd / "gpufleet-startup.service")
     # copied, not linked, and identical to the collection's files
     lib = root / "opt/gpufleet/lib/ansible_collections/gpufleet/reliability/plugins/module_utils"
-    for rel in ("startup/runner.py", "startup/scripts.py", "startup/__init__.py", "slurm.py"):
+    shipped = node_files(["cli/startup.py"], REPO / "plugins/module_utils")  # everything the runner imports
+    assert {"cli/startup.py", "startup/runner.py", "startup/scripts.py", "startup/__init__.py"} <= set(shipped)
+    for rel in shipped:
         assert not (lib / rel).is_symlink()
         assert (lib / rel).read_bytes() == (REPO / "plugins/module_utils" / rel).read_bytes()
 

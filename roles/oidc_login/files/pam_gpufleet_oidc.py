@@ -8,7 +8,8 @@ PAM line (sshd only, never common-auth):
       config=/etc/gpufleet/oidc.yml lib=/opt/gpufleet-oidc/lib \
       site=/opt/gpufleet-oidc/venv/lib/python3.11/site-packages mode=device
 
-``lib=`` holds the ``gpufleet_oidc`` package (a copy of the collection's plugins/module_utils/oidc),
+``lib=`` holds the collection's code the role copies (``ansible_collections/gpufleet/reliability/plugins/module_utils``:
+``oidc/`` and what it imports),
 ``site=`` the venv with authlib, joserfc, cryptography and PyYAML; both go in front of sys.path.
 pam_python runs this file in sshd's process with the system interpreter; every failure returns
 a PAM error code (an exception would become PAM_SERVICE_ERR).
@@ -28,7 +29,7 @@ def _paths(argv):
 def pam_sm_authenticate(pamh, flags, argv):
     try:
         _paths(argv)
-        from gpufleet_oidc.pam import authenticate
+        from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.pam import authenticate
     except Exception:
         return pamh.PAM_SERVICE_ERR
     return authenticate(pamh, argv)

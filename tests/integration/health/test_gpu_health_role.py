@@ -13,6 +13,8 @@ from pathlib import Path
 import ansible_runner
 import yaml
 
+from ansible_collections.gpufleet.reliability.plugins.filter.node_files import node_files
+
 REPO = Path(__file__).resolve().parents[3]
 NODE_PYTHON = "/usr/bin/python3"
 
@@ -76,7 +78,10 @@ def test_role_twice_unchanged_and_agent_runs(tmp_path, monkeypatch):
     assert (tmp_path / "hc-program.txt").read_text().strip() == str(hc)
     lib = root / "opt/gpufleet/lib/ansible_collections/gpufleet/reliability/plugins/module_utils"
     src = REPO / "plugins/module_utils"
-    for rel in ("health/engine.py", "health/xid_catalog_data.py", "nvml.py", "kmsg.py", "slurm.py"):
+    shipped = node_files(["cli/health_agent.py"], src)  # everything the agent imports (lazily too)
+    assert {"cli/health_agent.py", "health/engine.py", "health/xid_catalog_data.py", "nvml.py", "kmsg.py",
+            "repair/drain.py"} <= set(shipped)
+    for rel in shipped:
         assert (lib / rel).read_bytes() == (src / rel).read_bytes(), rel
     assert json.loads((root / "etc/gpufleet/health.json").read_text())["skip_checks"] == ["persistence"]
     node_req = (REPO / "requirements/node.txt").read_text()

@@ -11,7 +11,8 @@ import sys
 from conftest import MONITORING, REPO, http_get, prom_query, start_node_exporter, start_prometheus, wait_for
 
 CAPTURE = REPO / "tests" / "fixtures" / "gpu" / "h100-8gpu-580.105.08-healthy.nvidia-smi-q-x.xml"
-AGENT = [sys.executable, "-m", "ansible_collections.gpufleet.reliability.plugins.module_utils.health.agent", "check"]
+AGENT = [sys.executable, "-m", "ansible_collections.gpufleet.reliability.plugins.module_utils.cli.health_agent",
+         "check"]
 XID79 = "[ 7.5] NVRM: Xid (PCI:0000:64:00): 79, pid=1, GPU has fallen off the bus.\n"
 
 

@@ -8,7 +8,7 @@
   GET verification_uri_complete -> auto-submit form (xsrf, user_code) -> POST /device -> confirm
   form -> POST /device confirm=yes (or abort=yes) -> /interaction/<uid> login form ->
   POST prompt=login -> /interaction/<uid2> consent form -> POST prompt=consent -> "Sign-in Success".
-* ``pam_env`` lays out the pam_python entry file, the ``gpufleet_oidc`` package link and test
+* ``pam_env`` lays out the pam_python entry file, the link to the collection's code and test
   users; PAM service files are written as /etc/pam.d/gfotest-<random> (pamtester and sshd only
   read services from there) and removed at teardown.
 """
@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO / "tests" / "unit" / "module_utils" / "oidc"))
 from oidc_forge import make_private_jwks, public_jwks  # noqa: E402
 
 IDP_DIR = REPO / "tests" / "idp"
-OIDC_PKG = REPO / "plugins" / "module_utils" / "oidc"
+MODULE_UTILS = REPO / "plugins" / "module_utils"
 PAM_ENTRY = REPO / "roles" / "oidc_login" / "files" / "pam_gpufleet_oidc.py"
 SITE = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
 AUD = "urn:gpufleet:ssh"
@@ -249,7 +249,10 @@ class PamEnv:
         self.root = root
         self.lib = root / "lib"
         self.lib.mkdir(parents=True)
-        (self.lib / "gpufleet_oidc").symlink_to(OIDC_PKG)
+        # the oidc_login role's layout: lib/ansible_collections/gpufleet/reliability/plugins/module_utils
+        pkg = self.lib.joinpath("ansible_collections", "gpufleet", "reliability", "plugins", "module_utils")
+        pkg.parent.mkdir(parents=True)
+        pkg.symlink_to(MODULE_UTILS)
         self.entry = root / "pam_gpufleet_oidc.py"
         shutil.copy(PAM_ENTRY, self.entry)
         self.log = root / "pam.log"

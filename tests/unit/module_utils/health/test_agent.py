@@ -11,9 +11,9 @@ import time
 import pytest
 from health_fixtures import GPU_FIXTURES
 
-from ansible_collections.gpufleet.reliability.plugins.module_utils.health import agent
+from ansible_collections.gpufleet.reliability.plugins.module_utils.cli import health_agent as agent
 
-AGENT = [sys.executable, "-m", "ansible_collections.gpufleet.reliability.plugins.module_utils.health.agent"]
+AGENT = [sys.executable, "-m", "ansible_collections.gpufleet.reliability.plugins.module_utils.cli.health_agent"]
 
 
 def run_main(capsys, *argv):

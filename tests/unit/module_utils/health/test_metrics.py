@@ -214,7 +214,7 @@ def test_corrupt_counter_state_restarts_cleanly(corrupt):
 
 
 def test_agent_writes_the_file_and_keeps_counters_in_the_state(tmp_path):
-    from ansible_collections.gpufleet.reliability.plugins.module_utils.health import agent
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.cli import health_agent as agent
     log = tmp_path / "k.log"
     log.write_text(KMSG)
     argv = ["check", "--nvidia-smi-xml", str(GPU_FIXTURES / "h100-8gpu-580.105.08-healthy.nvidia-smi-q-x.xml"),

@@ -115,7 +115,7 @@ def test_snapshot_json_round_trips():
     ("deep.yaml", "a: " + "[" * 100000),
 ])
 def test_snapshot_file_nested_too_deeply_is_a_usage_error(tmp_path, name, text):
-    from ansible_collections.gpufleet.reliability.plugins.module_utils.health import agent
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.cli import health_agent as agent
     path = tmp_path / name
     path.write_text(text, encoding="utf-8")
     with pytest.raises(agent.UsageError, match="--snapshot-json"):

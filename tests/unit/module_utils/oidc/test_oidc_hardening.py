@@ -8,7 +8,8 @@ import stat
 import pytest
 from oidc_forge import make_private_jwks, public_jwks
 
-from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc import cli, core, transport
+from ansible_collections.gpufleet.reliability.plugins.module_utils.cli import oidc as cli
+from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc import core, transport
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.config import (
     REDACTED,
     parse_config,

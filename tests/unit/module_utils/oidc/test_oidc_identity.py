@@ -9,7 +9,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc import cli
+from ansible_collections.gpufleet.reliability.plugins.module_utils.cli import oidc as cli
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.config import load_config, parse_config
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.errors import ConfigError, NotAuthorised
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.policy import map_user

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 from oidc_forge import make_private_jwks, public_jwks
 
-from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc import cli, transport
+from ansible_collections.gpufleet.reliability.plugins.module_utils.cli import oidc as cli
+from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc import transport
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.errors import IdPUnavailable
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.slurm import (
     fetch_jwks,

@@ -1,6 +1,6 @@
 # Copyright (c) gpufleet.reliability contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-# Tests of gpufleet-startup (plugins/module_utils/startup/runner.py) with real scripts and real processes.
+# Tests of gpufleet-startup (plugins/module_utils/cli/startup.py, startup/runner.py) with real scripts and processes.
 import json
 import os
 import signal
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from ansible_collections.gpufleet.reliability.plugins.module_utils.startup import runner
+from ansible_collections.gpufleet.reliability.plugins.module_utils.cli import startup as startup_cli
 from ansible_collections.gpufleet.reliability.plugins.module_utils.startup.scripts import (
     MetaError,
     discover,
@@ -27,7 +27,7 @@ def test_scripts_run_in_order_then_name(scripts, tmp_path):
     trail = tmp_path / "trail"
     for name, order in (("c", 30), ("a", 10), ("zz", 20), ("b", 20)):
         scripts.add(name, f'echo {name} >> "{trail}"', order=order)
-    assert runner.main(scripts.argv()) == 0
+    assert startup_cli.main(scripts.argv()) == 0
     assert trail.read_text().split() == ["a", "b", "zz", "c"]
     assert [s["name"] for s in scripts.report()["scripts"]] == ["a", "b", "zz", "c"]
 
@@ -35,7 +35,7 @@ def test_scripts_run_in_order_then_name(scripts, tmp_path):
 def test_environment_and_output_tail_reach_the_report(scripts):
     scripts.add("env", 'echo "greeting=$GREETING phase=$GPUFLEET_STARTUP_PHASE"; echo to-stderr >&2; exit 0',
                 environment={"GREETING": "hello"})
-    assert runner.main(scripts.argv("--phase", "every_boot")) == 0
+    assert startup_cli.main(scripts.argv("--phase", "every_boot")) == 0
     entry = by_name(scripts.report())["env"]
     assert entry["output_tail"] == ["greeting=hello phase=every_boot", "to-stderr"]
     log = (scripts.state / "startup.log").read_text()
@@ -54,7 +54,7 @@ def test_timeout_kills_the_whole_process_group(scripts, tmp_path, alive):
         "wait",
     ]), timeout=1)
     scripts.add("after", "true", order=90)
-    code = runner.main(scripts.argv("--kill-grace", "0.5"))
+    code = startup_cli.main(scripts.argv("--kill-grace", "0.5"))
     assert code == 1
     report = scripts.report()
     hang = by_name(report)["hang"]
@@ -74,7 +74,7 @@ def test_retry_until_success(scripts, tmp_path):
     scripts.add("flaky", f'n=$(cat "{count}" 2>/dev/null || echo 0); n=$((n+1)); echo $n > "{count}"; '
                          '[ "$n" -ge 3 ] || { echo "try $n failed"; exit 7; }',
                 retries=2, retry_delay=0)
-    assert runner.main(scripts.argv()) == 0
+    assert startup_cli.main(scripts.argv()) == 0
     entry = by_name(scripts.report())["flaky"]
     assert entry["status"] == "ok" and entry["attempts"] == 3 and entry["exit_code"] == 0
     assert count.read_text().strip() == "3"
@@ -83,7 +83,7 @@ def test_retry_until_success(scripts, tmp_path):
 def test_retries_exhausted_fail(scripts, tmp_path):
     count = tmp_path / "count"
     scripts.add("broken", f'echo x >> "{count}"; echo nope; exit 4', retries=1, retry_delay=0)
-    assert runner.main(scripts.argv()) == 1
+    assert startup_cli.main(scripts.argv()) == 1
     entry = by_name(scripts.report())["broken"]
     assert entry["status"] == "failed" and entry["attempts"] == 2 and entry["exit_code"] == 4
     assert entry["output_tail"] == ["nope"]
@@ -94,7 +94,7 @@ def test_once_runs_once_across_runs_boot_once_per_boot(scripts, tmp_path):
     for name, phase in (("first", "once"), ("perboot", "boot"), ("always", "every_boot")):
         scripts.add(name, 'echo run >> "%s"' % (tmp_path / name), phase=phase)
     for boot in ("boot-a", "boot-a", "boot-b"):
-        assert runner.main(scripts.argv("--boot-id", boot)) == 0
+        assert startup_cli.main(scripts.argv("--boot-id", boot)) == 0
     counts = {n: len((tmp_path / n).read_text().split()) for n in ("first", "perboot", "always")}
     assert counts == {"first": 1, "perboot": 2, "always": 3}
     last = by_name(scripts.report())
@@ -107,14 +107,14 @@ def test_once_runs_once_across_runs_boot_once_per_boot(scripts, tmp_path):
 def test_phase_runs_only_that_phase_and_marks_only_what_ran(scripts, tmp_path):
     for name, phase in (("first", "once"), ("perboot", "boot"), ("always", "every_boot")):
         scripts.add(name, 'echo run >> "%s"' % (tmp_path / name), phase=phase)
-    assert runner.main(scripts.argv("--phase", "boot", "--boot-id", "boot-a")) == 0
+    assert startup_cli.main(scripts.argv("--phase", "boot", "--boot-id", "boot-a")) == 0
     assert [(tmp_path / n).exists() for n in ("first", "perboot", "always")] == [False, True, False]
     assert [s["name"] for s in scripts.report()["scripts"]] == ["perboot"]
     assert scripts.report()["phase"] == "boot"
     # the once script was left out, not done: a later run of its phase still runs it, exactly once
     assert not (scripts.state / "once" / "first").exists()
-    assert runner.main(scripts.argv("--phase", "once", "--boot-id", "boot-a")) == 0
-    assert runner.main(scripts.argv("--phase", "once", "--boot-id", "boot-a")) == 0
+    assert startup_cli.main(scripts.argv("--phase", "once", "--boot-id", "boot-a")) == 0
+    assert startup_cli.main(scripts.argv("--phase", "once", "--boot-id", "boot-a")) == 0
     assert (tmp_path / "first").read_text().split() == ["run"]
     assert not (tmp_path / "always").exists()
 
@@ -122,11 +122,11 @@ def test_phase_runs_only_that_phase_and_marks_only_what_ran(scripts, tmp_path):
 def test_failed_once_script_is_not_marked_done(scripts, tmp_path):
     flag = tmp_path / "ok-now"
     scripts.add("setup", f'[ -e "{flag}" ]', phase="once")
-    assert runner.main(scripts.argv()) == 1
+    assert startup_cli.main(scripts.argv()) == 1
     assert not (scripts.state / "once" / "setup").exists()
     flag.touch()
-    assert runner.main(scripts.argv()) == 0
-    assert runner.main(scripts.argv()) == 0
+    assert startup_cli.main(scripts.argv()) == 0
+    assert startup_cli.main(scripts.argv()) == 0
     assert by_name(scripts.report())["setup"]["status"] == "skipped"
 
 
@@ -134,7 +134,7 @@ def test_stop_at_first_failure(scripts, tmp_path):
     scripts.add("a", 'touch "%s"' % (tmp_path / "a"), order=1)
     scripts.add("b", "echo broke; exit 3", order=2)
     scripts.add("c", 'touch "%s"' % (tmp_path / "c"), order=3)
-    assert runner.main(scripts.argv()) == 1
+    assert startup_cli.main(scripts.argv()) == 1
     report = scripts.report()
     assert report["ok"] is False and report["failed"] == "b"
     assert [s["status"] for s in report["scripts"]] == ["ok", "failed", "not_run"]
@@ -144,7 +144,7 @@ def test_stop_at_first_failure(scripts, tmp_path):
 def test_optional_failure_does_not_stop(scripts, tmp_path):
     scripts.add("a", "exit 5", order=1, optional=True)
     scripts.add("b", 'touch "%s"' % (tmp_path / "b"), order=2)
-    assert runner.main(scripts.argv()) == 0
+    assert startup_cli.main(scripts.argv()) == 0
     report = scripts.report()
     assert report["ok"] is True and report["failed"] is None
     assert by_name(report)["a"]["status"] == "failed" and by_name(report)["a"]["exit_code"] == 5
@@ -154,23 +154,23 @@ def test_optional_failure_does_not_stop(scripts, tmp_path):
 def test_role_filter(scripts, tmp_path):
     scripts.add("w", 'touch "%s"' % (tmp_path / "w"), roles=["worker"])
     scripts.add("l", 'touch "%s"' % (tmp_path / "l"), roles=["login", "controller"])
-    assert runner.main(scripts.argv("--role", "login")) == 0
+    assert startup_cli.main(scripts.argv("--role", "login")) == 0
     assert (tmp_path / "l").exists() and not (tmp_path / "w").exists()
     assert by_name(scripts.report())["w"]["skip_reason"] == "not for role login"
 
 
 def test_health_command_failure_fails_the_run(scripts, tmp_path):
     scripts.add("a", "true")
-    assert runner.main(scripts.argv("--health-cmd", "sh -c 'echo sick; exit 2'")) == 1
+    assert startup_cli.main(scripts.argv("--health-cmd", "sh -c 'echo sick; exit 2'")) == 1
     report = scripts.report()
     assert report["failed"] == "health-check"
     assert report["health"]["exit_code"] == 2 and report["health"]["output_tail"] == ["sick"]
-    assert runner.main(scripts.argv("--health-cmd", "true")) == 0
+    assert startup_cli.main(scripts.argv("--health-cmd", "true")) == 0
 
 
 def test_bad_metadata_fails_naming_the_field(scripts):
     scripts.add("a", "true", phase="sometimes")
-    assert runner.main(scripts.argv()) == 1
+    assert startup_cli.main(scripts.argv()) == 1
     report = scripts.report()
     assert report["failed"] == "metadata"
     assert "phase: expected one of boot, every_boot, once, got 'sometimes'" in report["errors"][0]
@@ -200,7 +200,7 @@ def test_journal_native_protocol(scripts, tmp_path):
     sock.settimeout(5)
     try:
         scripts.add("j", "printf 'line one\\nline two\\n'")
-        assert runner.main(scripts.argv("--journal", "on", "--journal-socket", path)) == 0
+        assert startup_cli.main(scripts.argv("--journal", "on", "--journal-socket", path)) == 0
         entries = []
         sock.setblocking(False)
         while True:
@@ -243,33 +243,33 @@ def test_a_second_concurrent_run_is_refused(scripts, tmp_path):
     scripts.state.mkdir()
     with open(scripts.state / ".lock", "a") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        assert runner.main(scripts.argv()) == 3
+        assert startup_cli.main(scripts.argv()) == 3
     assert not (tmp_path / "ran").exists()
-    assert runner.main(scripts.argv()) == 0
+    assert startup_cli.main(scripts.argv()) == 0
     assert (tmp_path / "ran").exists()
 
 
 def test_gate_lets_slurmd_start_only_after_a_good_run_this_boot(scripts, tmp_path, capsys):
     gate = ["gate", "--state-dir", str(scripts.state)]
-    assert runner.main(gate + ["--boot-id", "b1"]) == 1  # no report at all
+    assert startup_cli.main(gate + ["--boot-id", "b1"]) == 1  # no report at all
     assert "no usable startup report" in capsys.readouterr().err
     flag = tmp_path / "fixed"
     scripts.add("check", f'[ -e "{flag}" ]')
-    assert runner.main(scripts.argv("--boot-id", "b1")) == 1
+    assert startup_cli.main(scripts.argv("--boot-id", "b1")) == 1
     assert json.loads((scripts.state / "last-run.json").read_text())["failed"] == "check"
-    assert runner.main(gate + ["--boot-id", "b1"]) == 1  # failed and no Slurm node drained
+    assert startup_cli.main(gate + ["--boot-id", "b1"]) == 1  # failed and no Slurm node drained
     assert "could not be drained" in capsys.readouterr().err
     flag.touch()
-    assert runner.main(scripts.argv("--boot-id", "b1")) == 0
-    assert runner.main(gate + ["--boot-id", "b1"]) == 0
-    assert runner.main(gate + ["--boot-id", "b2"]) == 1  # last report is from another boot
+    assert startup_cli.main(scripts.argv("--boot-id", "b1")) == 0
+    assert startup_cli.main(gate + ["--boot-id", "b1"]) == 0
+    assert startup_cli.main(gate + ["--boot-id", "b2"]) == 1  # last report is from another boot
     assert "not this boot" in capsys.readouterr().err
 
 
 def test_a_script_that_cannot_be_executed_fails_with_the_reason(scripts):
     script = scripts.add("noexec", "true")
     os.chmod(script, 0o644)
-    assert runner.main(scripts.argv()) == 1
+    assert startup_cli.main(scripts.argv()) == 1
     entry = by_name(scripts.report())["noexec"]
     assert entry["status"] == "failed" and entry["exit_code"] is None
     assert "cannot execute" in entry["error"] and "Permission denied" in entry["error"]

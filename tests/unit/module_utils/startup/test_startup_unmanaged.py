@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from ansible_collections.gpufleet.reliability.plugins.module_utils.startup import runner
+from ansible_collections.gpufleet.reliability.plugins.module_utils.cli import startup as startup_cli
 
 
 def test_scripts_without_metadata_are_warned_counted_and_not_run(scripts, tmp_path):
@@ -18,7 +18,7 @@ def test_scripts_without_metadata_are_warned_counted_and_not_run(scripts, tmp_pa
     (scripts.path / ".10-managed.sh.tmp123").write_text("a writer's temp file\n")
     (scripts.path / "subdir").mkdir()
     log = tmp_path / "startup.log"
-    assert runner.main(scripts.argv("--log-file", str(log), "--journal", "off")) == 0
+    assert startup_cli.main(scripts.argv("--log-file", str(log), "--journal", "off")) == 0
     assert trail.read_text() == "managed\n"
     report = scripts.report()
     assert report["ok"] is True
@@ -33,7 +33,7 @@ def test_scripts_without_metadata_are_warned_counted_and_not_run(scripts, tmp_pa
 
 def test_clean_directory_has_an_empty_list(scripts):
     scripts.add("a", "true")
-    assert runner.main(scripts.argv()) == 0
+    assert startup_cli.main(scripts.argv()) == 0
     assert scripts.report()["unmanaged"] == []
 
 

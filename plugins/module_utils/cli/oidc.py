@@ -1,6 +1,6 @@
 # Copyright (c) gpufleet.reliability contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""``gpufleet-oidc``: debug and automation front end of the OIDC core.
+"""``gpufleet-oidc``: debug and automation front end of the OIDC core (``oidc``; a body, it holds no rule).
 
 * ``validate --config FILE [--user NAME]``: token on stdin; exit 0 and print the mapped local
   user only for a valid, authorised token, otherwise print the reason to stderr and exit
@@ -18,11 +18,11 @@ import json
 import sys
 from typing import List, Optional
 
-from .config import load_config
-from .core import Authenticator
-from .device import MAX_URI, MAX_USER_CODE, display_text
-from .errors import DeviceFlowError, OIDCError
-from .slurm import fetch_jwks, normalise_jwks_for_slurm, write_jwks
+from ..oidc.config import load_config
+from ..oidc.core import Authenticator
+from ..oidc.device import MAX_URI, MAX_USER_CODE, display_text
+from ..oidc.errors import DeviceFlowError, OIDCError
+from ..oidc.slurm import fetch_jwks, normalise_jwks_for_slurm, write_jwks
 
 
 def _out(text: str) -> None:

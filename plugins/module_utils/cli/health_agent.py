@@ -3,9 +3,10 @@
 """Node agent ``gpufleet-health``: probe, judge, report, and (with --slurm) drain its own node.
 
 Runs from the console script in ``.venv`` for development, and on nodes from the copy the gpu_health role puts
-in /opt/gpufleet/lib (``python3 -m ansible_collections.gpufleet.reliability.plugins.module_utils.health.agent``),
-as Slurm's HealthCheckProgram and from a systemd timer. The exit code follows the verdict: 0 healthy,
-1 degraded, 2 unhealthy, 3 unknown; 64 for bad usage or input.
+in /opt/gpufleet/lib (``python3 -m ansible_collections.gpufleet.reliability.plugins.module_utils.cli.health_agent``),
+as Slurm's HealthCheckProgram and from a systemd timer. A body: the rules are the health brain's (``health``)
+and the drain rule the repair brain's (``repair.drain``, ``repair.owner``). The exit code follows the verdict:
+0 healthy, 1 degraded, 2 unhealthy, 3 unknown; 64 for bad usage or input.
 """
 from __future__ import annotations
 
@@ -17,12 +18,12 @@ import time
 from typing import Any, Dict, List, Optional
 
 from .. import safeyaml
-from . import judge, metrics
-from .model import PROBE_FAILED, Snapshot
-from .report import Report
-from .smi import read_nvidia_smi_text, read_nvidia_smi_xml
-from .state import atomic_write, load_state, save_state
-from .xid_catalog_data import CATALOG_VERSION
+from ..health import judge, metrics
+from ..health.model import PROBE_FAILED, Snapshot
+from ..health.report import Report
+from ..health.smi import read_nvidia_smi_text, read_nvidia_smi_xml
+from ..health.state import atomic_write, load_state, save_state
+from ..health.xid_catalog_data import CATALOG_VERSION
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
@@ -176,21 +177,21 @@ def slurm_act(report: Report, name: str, client=None, limits: Any = None, settle
     try:
         from ..repair import RepairError
         from ..repair.drain import drain_decision
+        from ..repair.owner import foreign_reason, out_of_service
         from ..slurm import SlurmClient, SlurmError
     except ImportError as exc:  # pragma: no cover - the role always ships slurm.py and repair/
         result.update(action="error", detail=f"Slurm adapter or repair policy missing: {exc}")
         return result
     try:
         client = client or SlurmClient(backend="cli")
-        if limits is None:
+        if limits is None:  # no limits: drain whenever the report asks, under the brain's ownership rule
             node = client.node(name)
-            flags = set(node.flags)
             current = (node.reason or "").strip()
-            if "DRAIN" in flags or node.state in ("down", "error") or "FAIL" in flags:
-                if current.startswith(REASON_PREFIX):
-                    result.update(action="already_drained", detail=f"already drained by us: {current}")
-                else:
-                    result.update(action="left_alone", detail=f"drained/down by someone else: {current or node.state}")
+            if foreign_reason(node.state, node.flags, current, REASON_PREFIX):
+                result.update(action="left_alone", detail=f"drained/down by someone else: {current or node.state}")
+                return result
+            if out_of_service(node.state, node.flags):
+                result.update(action="already_drained", detail=f"already drained by us: {current}")
                 return result
             client.drain([name], reason)
             result["action"] = "drained"
@@ -390,5 +391,5 @@ def main(argv=None) -> int:
         return EXIT_USAGE
 
 
-if __name__ == "__main__":  # pragma: no cover - python -m ...health.agent (how the role's wrapper runs it)
+if __name__ == "__main__":  # pragma: no cover - python -m ...cli.health_agent (how the role's wrapper runs it)
     raise SystemExit(main())
