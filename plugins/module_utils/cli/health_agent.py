@@ -177,7 +177,7 @@ def slurm_act(report: Report, name: str, client=None, limits: Any = None, settle
     try:
         from ..repair import RepairError
         from ..repair.drain import drain_decision
-        from ..repair.owner import foreign_reason, out_of_service
+        from ..repair.owner import drained_by, foreign_reason
         from ..slurm import SlurmClient, SlurmError
     except ImportError as exc:  # pragma: no cover - the role always ships slurm.py and repair/
         result.update(action="error", detail=f"Slurm adapter or repair policy missing: {exc}")
@@ -190,7 +190,7 @@ def slurm_act(report: Report, name: str, client=None, limits: Any = None, settle
             if foreign_reason(node.state, node.flags, current, REASON_PREFIX):
                 result.update(action="left_alone", detail=f"drained/down by someone else: {current or node.state}")
                 return result
-            if out_of_service(node.state, node.flags):
+            if drained_by(node.state, node.flags, current, REASON_PREFIX):
                 result.update(action="already_drained", detail=f"already drained by us: {current}")
                 return result
             client.drain([name], reason)
