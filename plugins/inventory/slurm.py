@@ -117,6 +117,7 @@ rest_api_version: v0.0.42
 
 import json
 import re
+from typing import Any, Dict, List, Mapping, Optional
 
 from ansible.errors import AnsibleParserError
 from ansible.module_utils.common.text.converters import to_native
@@ -134,11 +135,11 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import 
 _BAD = re.compile(r"[^a-z0-9_]")
 
 
-def group_name(*parts):
+def group_name(*parts: Any) -> str:
     return _BAD.sub("_", "_".join(str(p) for p in parts).lower())
 
 
-def node_groups(node, reason_groups):
+def node_groups(node: Node, reason_groups: Optional[Mapping[str, str]]) -> List[str]:
     """The inventory groups a Node belongs to."""
     groups = [group_name("slurm_state", re.sub(r"[*~#%$@^!]+$", "", node.sinfo_state))]
     groups += [group_name("slurm_state", f) for f in sorted(node.flags)]
@@ -155,7 +156,7 @@ def node_groups(node, reason_groups):
     return out
 
 
-def node_hostvars(node):
+def node_hostvars(node: Node) -> Dict[str, Any]:
     d = node.to_dict()
     hv = {f"slurm_{k}": v for k, v in d.items() if k != "name"}
     try:
@@ -169,10 +170,10 @@ def node_hostvars(node):
 class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
     NAME = "gpufleet.reliability.slurm"
 
-    def verify_file(self, path):
+    def verify_file(self, path: str) -> bool:
         return super().verify_file(path) and path.endswith((".slurm.yml", ".slurm.yaml"))
 
-    def _fetch_cli(self):
+    def _fetch_cli(self) -> List[Dict[str, Any]]:
         env = {}
         if self.get_option("slurm_conf"):
             env["SLURM_CONF"] = self.get_option("slurm_conf")
@@ -180,7 +181,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         nodes = client.nodes(self.get_option("nodes") or None)
         return [n.to_dict() for n in nodes.values()]
 
-    def _fetch_rest(self):
+    def _fetch_rest(self) -> List[Dict[str, Any]]:
         url, user, token = (self.get_option(k) for k in ("rest_url", "rest_user", "rest_token"))
         missing = [k for k, v in (("rest_url", url), ("rest_user", user), ("rest_token", token)) if not v]
         if missing:
@@ -203,7 +204,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             nodes = {n: v for n, v in nodes.items() if n in names}
         return [n.to_dict() for n in nodes.values()]
 
-    def parse(self, inventory, loader, path, cache=True):
+    def parse(self, inventory: Any, loader: Any, path: str, cache: bool = True) -> None:
         super().parse(inventory, loader, path, cache)
         self._read_config_data(path)
         cache_key = self.get_cache_key(path)
@@ -224,7 +225,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             self._cache[cache_key] = records
         self.populate(records)
 
-    def populate(self, records):
+    def populate(self, records: List[Dict[str, Any]]) -> None:
         strict = self.get_option("strict")
         reason_groups = self.get_option("reason_groups")
         for rec in records:

@@ -18,16 +18,9 @@ description:
 author:
   - gpufleet.reliability contributors (@gpufleet)
 extends_documentation_fragment:
+  - gpufleet.reliability.attributes.no_diff
   - ansible.builtin.action_common_attributes
   - gpufleet.reliability.slurm
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  platform:
-    support: full
-    platforms: posix
 options:
   config:
     description:
@@ -199,6 +192,7 @@ warnings_reports:
 import json
 import os
 import time
+from typing import Any, Dict, List, Optional, Tuple
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -211,7 +205,7 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm_module 
 )
 
 
-def _read_json(module, path, what):
+def _read_json(module: AnsibleModule, path: str, what: str) -> Any:
     try:
         with open(path) as fh:
             return json.load(fh)
@@ -221,9 +215,12 @@ def _read_json(module, path, what):
         module.fail_json(msg=f"{what} {path}: cannot read JSON: {exc}")
 
 
-def _reports_from_dir(module, path):
+def _reports_from_dir(module: AnsibleModule, path: Optional[str]
+                      ) -> Tuple[Dict[str, Any], Dict[str, Optional[float]], Dict[str, str]]:
     """-> (reports, times, errors): a file that cannot be used is an error of that node only, never of the run."""
-    reports, times, errors = {}, {}, {}
+    reports: Dict[str, Any] = {}
+    times: Dict[str, Optional[float]] = {}
+    errors: Dict[str, str] = {}
     if not path:
         return reports, times, errors
     if not os.path.isdir(path):
@@ -260,7 +257,7 @@ def _reports_from_dir(module, path):
     return reports, times, errors
 
 
-def _approvals(module):
+def _approvals(module: AnsibleModule) -> List[str]:
     out = list(module.params["approvals"])
     path = module.params["approvals_file"]
     if path:
@@ -275,7 +272,7 @@ def _approvals(module):
     return out
 
 
-def main():
+def main() -> None:
     argument_spec = dict(
         config=dict(type="dict", default={}),
         approvals=dict(type="list", elements="str", default=[]),
@@ -313,7 +310,8 @@ def main():
         times.setdefault(name, now)
 
     fleet, attention, spares = build_inputs(
-        nodes.values(), reports, times, history_field=p["history_field"], spare_reason=p["spare_reason"],
+        nodes.values(), reports, {n: t for n, t in times.items() if t is not None},
+        history_field=p["history_field"], spare_reason=p["spare_reason"],
         partitions=p["partitions"] or None, domain_prefixes=p["domain_prefixes"], report_errors=report_errors,
     )
     for name in sorted(set(report_errors) - set(nodes)):

@@ -29,16 +29,9 @@ description:
 author:
   - gpufleet.reliability contributors (@gpufleet)
 extends_documentation_fragment:
+  - gpufleet.reliability.attributes
   - ansible.builtin.action_common_attributes
   - gpufleet.reliability.slurm
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  platform:
-    support: full
-    platforms: posix
 options:
   node:
     description: Node name.
@@ -121,14 +114,14 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import HistoryError, is_ours, record_outcome
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.history import loads_ours
-from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import SlurmError
+from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import Node, SlurmError
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm_module import (
     SLURM_COMMON_ARGS,
     client_from_module,
 )
 
 
-def main():
+def main() -> None:
     argument_spec = dict(
         node=dict(type="str", required=True),
         op=dict(type="str", required=True,
@@ -157,11 +150,12 @@ def main():
 
     client = client_from_module(module)
 
-    def read():
+    def read() -> Node:
         try:
             return client.node(name)
         except SlurmError as exc:
             module.fail_json(msg=f"reading node {name}: {exc}", error=exc.to_dict())
+            raise  # fail_json exits
 
     node = read()
     before = node.to_dict()

@@ -21,16 +21,9 @@ description:
 author:
   - gpufleet.reliability contributors (@gpufleet)
 extends_documentation_fragment:
+  - gpufleet.reliability.attributes
   - ansible.builtin.action_common_attributes
   - gpufleet.reliability.slurm
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  platform:
-    support: full
-    platforms: posix
 options:
   name:
     description:
@@ -186,9 +179,16 @@ waited:
   sample: 1.3
 """
 
+from typing import Any, Dict, List, Mapping, Tuple
+
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import SlurmError, WaitTimeout, wait_for_nodes
+from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import (
+    Node,
+    SlurmError,
+    WaitTimeout,
+    wait_for_nodes,
+)
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm_module import (
     SLURM_COMMON_ARGS,
     client_from_module,
@@ -196,15 +196,17 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm_module 
 )
 
 
-def _brief(node):
+def _brief(node: Node) -> Dict[str, Any]:
     return {"state": node.state, "flags": sorted(node.flags), "reason": node.reason, "sinfo_state": node.sinfo_state}
 
 
-def _plan(nodes, p):
+def _plan(nodes: Mapping[str, Node], p: Mapping[str, Any]) -> Tuple[List[str], Dict[str, str], Dict[str, Node]]:
     """-> (targets, skipped, predicted after-state per target)."""
     state = p["state"]
     prefix = p["only_if_reason_prefix"]
-    targets, skipped, predicted = [], {}, {}
+    targets: List[str] = []
+    skipped: Dict[str, str] = {}
+    predicted: Dict[str, Node] = {}
     for name, n in nodes.items():
         if state == "drained":
             if "DRAIN" in n.flags:
@@ -243,7 +245,7 @@ def _plan(nodes, p):
     return targets, skipped, predicted
 
 
-def main():
+def main() -> None:
     argument_spec = dict(
         name=dict(type="str", required=True, aliases=["nodes"]),
         state=dict(type="str", required=True, choices=["drained", "resumed", "down", "rebooted"]),
@@ -275,8 +277,8 @@ def main():
         p["reason"] = p["reason"].strip()
 
     client = client_from_module(module)
-    result = dict(changed=False, nodes=[], changed_nodes=[], skipped_nodes={}, before={}, after={}, commands=[],
-                  waited=0.0, backend="")
+    result: Dict[str, Any] = dict(changed=False, nodes=[], changed_nodes=[], skipped_nodes={}, before={}, after={},
+                                  commands=[], waited=0.0, backend="")
     try:
         nodes = client.nodes(p["name"])
         result["backend"] = f"{client.backend} ({client.backend_reason})"

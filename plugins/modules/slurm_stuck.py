@@ -20,16 +20,9 @@ description:
 author:
   - gpufleet.reliability contributors (@gpufleet)
 extends_documentation_fragment:
+  - gpufleet.reliability.attributes
   - ansible.builtin.action_common_attributes
   - gpufleet.reliability.slurm
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  platform:
-    support: full
-    platforms: posix
 options:
   name:
     description:
@@ -125,10 +118,11 @@ commands:
 """
 
 import time
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import SlurmError
+from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import Node, SlurmError
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm_module import (
     SLURM_COMMON_ARGS,
     client_from_module,
@@ -136,9 +130,12 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm_module 
 )
 
 
-def find_stuck(nodes, jobs_by_node, now, completing_after, unkillable_reasons):
+def find_stuck(nodes: Mapping[str, Node], jobs_by_node: Mapping[str, List[Dict[str, Any]]], now: float,
+               completing_after: float, unkillable_reasons: Sequence[str]
+               ) -> Tuple[List[Dict[str, Any]], Dict[str, Optional[int]]]:
     """-> (stuck entries, {node: age or None} for every COMPLETING node). Pure: unit-testable."""
-    stuck, completing = [], {}
+    stuck: List[Dict[str, Any]] = []
+    completing: Dict[str, Optional[int]] = {}
     for name, node in nodes.items():
         if node.out_of_service and any(p and (node.reason or "").startswith(p) for p in unkillable_reasons):
             stuck.append({"node": name, "kind": "unkillable", "seconds": None,
@@ -157,7 +154,7 @@ def find_stuck(nodes, jobs_by_node, now, completing_after, unkillable_reasons):
     return stuck, completing
 
 
-def main():
+def main() -> None:
     argument_spec = dict(
         name=dict(type="str", aliases=["nodes"]),
         completing_after=dict(type="int", default=600),
@@ -174,10 +171,10 @@ def main():
         module.fail_json(msg="reason must be a non-empty single line")
 
     client = client_from_module(module)
-    result = dict(changed=False, stuck=[], completing={}, drained=[], commands=[])
+    result: Dict[str, Any] = dict(changed=False, stuck=[], completing={}, drained=[], commands=[])
     try:
         nodes = client.nodes(p["name"]) if p["name"] else client.nodes()
-        jobs_by_node = {}
+        jobs_by_node: Dict[str, List[Dict[str, Any]]] = {}
         if any("COMPLETING" in n.flags for n in nodes.values()) or p["unkillable_reasons"]:
             for job in client.jobs(states=["CG"]):
                 for n in client.expand_hostlist(job["nodes"]) if job["nodes"] else []:
