@@ -125,8 +125,10 @@ slurmd_port() { echo $((PORT_BASE + 100 + ${1#"$PREFIX"})); }
 # A client command: through the lab's wrappers when a chroot is in use, else the host's binary.
 client() {
   local cmd=$1; shift
+  # SLURM_CONF is always this lab's: a caller's environment may name another lab (a second lab started from a test
+  # that runs inside the first one's environment, as the storm lab does), and the wrapper keeps a SLURM_CONF it is given.
   if [[ -n "$ROOT" ]]; then
-    "$LAB/bin/wrap/$cmd" "$@"
+    SLURM_CONF=$CONF "$LAB/bin/wrap/$cmd" "$@"
   else
     # the host's own binaries, never a wrapper of another (24.11) lab that happens to be first on PATH
     PATH=$SYS_PATH SLURM_CONF=$CONF "$cmd" "$@"
@@ -136,7 +138,7 @@ client() {
 client_t() {
   local secs=$1 cmd=$2; shift 2
   if [[ -n "$ROOT" ]]; then
-    timeout -k 2 "$secs" "$LAB/bin/wrap/$cmd" "$@"
+    timeout -k 2 "$secs" env SLURM_CONF="$CONF" "$LAB/bin/wrap/$cmd" "$@"
   else
     timeout -k 2 "$secs" env PATH=$SYS_PATH SLURM_CONF="$CONF" "$cmd" "$@"
   fi
