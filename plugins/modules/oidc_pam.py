@@ -136,6 +136,7 @@ import re
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_native
 
+from ansible_collections.gpufleet.reliability.plugins.module_utils.diff import file_changes
 from ansible_collections.gpufleet.reliability.plugins.module_utils.fileutil import atomic_write
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.config import (
     parse_config,
@@ -162,8 +163,6 @@ def render_config(config):
 
 def shown_config(text):
     """The configuration file as the diff shows it: with its secrets replaced (the file itself keeps them)."""
-    if text is None:
-        return None
     try:
         data = json.loads(text)
     except ValueError:
@@ -261,25 +260,22 @@ def main():
         wanted[p["include_path"]] = (None, None)
         wanted[p["config_path"]] = (None, None)
 
-    def shown(path, text):
-        return shown_config(text) if path == p["config_path"] else text
-
     diffs, writes = [], []
     for path in (p["config_path"], p["include_path"], p["service_path"]):
         new, mode = wanted[path]
         old = stack if path == p["service_path"] else read_text(path)
+        shown = shown_config if path == p["config_path"] else None
         if new is None:
             if old is not None:
                 writes.append((path, None, None))
-                diffs.append(dict(before_header=path, after_header=path, before=shown(path, old), after=""))
+                diffs += file_changes(path, old, None, shown=shown)
             continue
         if mode is None:
             mode = os.stat(path).st_mode & 0o7777
         cur_mode = (os.stat(path).st_mode & 0o7777) if old is not None else None
         if old != new or cur_mode != mode:
             writes.append((path, new, mode))
-            diffs.append(dict(before_header=path, after_header=path, before=shown(path, old) or "",
-                              after=shown(path, new)))
+            diffs += file_changes(path, old, new, cur_mode, mode, shown=shown)
     if writes:
         result["changed"] = True
         result["diff"] = diffs

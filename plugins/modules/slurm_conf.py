@@ -201,6 +201,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.reliability.plugins.module_utils.diff import change
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurmconf import (
     ConfFile,
     SlurmConfError,
@@ -333,7 +334,7 @@ def main():
         current=[dict(key=key, value=value) for key, value in current],
     )
     if module._diff:
-        result["diff"] = dict(before=before, after=after, before_header=path, after_header=path)
+        result["diff"] = change(path, before, after)
     if changed and not module.check_mode:
         try:
             backup_file = write_atomic(path, after, backup=params["backup"])

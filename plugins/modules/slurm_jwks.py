@@ -76,8 +76,9 @@ import pwd
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.reliability.plugins.module_utils.diff import change, file_changes
+from ansible_collections.gpufleet.reliability.plugins.module_utils.fileutil import atomic_write
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.errors import OIDCError
-from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.jwks import atomic_write_json
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.slurm import (
     fetch_jwks,
     normalise_jwks_for_slurm,
@@ -136,11 +137,16 @@ def main():
                                        or (gid != -1 and st.st_gid != gid))
     result = dict(changed=content_changed or meta_changed, kids=[k["kid"] for k in jwks["keys"]], dest=dest)
     if result["changed"]:
-        result["diff"] = dict(before_header=dest, after_header=dest, before=old or "", after=new)
+        diffs = file_changes(dest, old, new if content_changed else old, st.st_mode if st else None, mode)
+        if st is not None:
+            owner = (uid if uid != -1 else st.st_uid, gid if gid != -1 else st.st_gid)
+            if owner != (st.st_uid, st.st_gid):
+                diffs.append(change(f"{dest} (owner)", f"{st.st_uid}:{st.st_gid}\n", f"{owner[0]}:{owner[1]}\n"))
+        result["diff"] = diffs
         if not module.check_mode:
             try:
                 if content_changed:
-                    atomic_write_json(dest, jwks, mode=mode)
+                    atomic_write(dest, new, mode)  # the text the diff shows
                 os.chmod(dest, mode)
                 if uid != -1 or gid != -1:
                     os.chown(dest, uid, gid)

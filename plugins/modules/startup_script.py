@@ -160,6 +160,7 @@ import tempfile
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_native, to_text
 
+from ansible_collections.gpufleet.reliability.plugins.module_utils.diff import file_changes
 from ansible_collections.gpufleet.reliability.plugins.module_utils.fileutil import atomic_write
 from ansible_collections.gpufleet.reliability.plugins.module_utils.startup.scripts import (
     NODE_ROLES,
@@ -257,9 +258,8 @@ def main():
         present = [path for path, old in ((json_path, old_meta), (script_path, old_script)) if old is not None]
         if present:
             result["changed"] = True
-            result["diff"] = [dict(before_header=path, after_header=path,
-                                   before=to_text(old, errors="surrogate_or_replace"), after="")
-                              for path, old in ((script_path, old_script), (json_path, old_meta)) if old is not None]
+            result["diff"] = [entry for path, old in ((script_path, old_script), (json_path, old_meta))
+                              for entry in file_changes(path, old, None)]
             if not module.check_mode:
                 for path in present:
                     os.unlink(path)
@@ -287,15 +287,10 @@ def main():
     diffs = []
     writes = []
     for path, old, new, mode in ((script_path, old_script, content, 0o755), (json_path, old_meta, meta_bytes, 0o644)):
-        if old != new:
-            writes.append((path, new, mode))
-            diffs.append(dict(before_header=path, after_header=path,
-                              before="" if old is None else to_text(old, errors="surrogate_or_replace"),
-                              after=to_text(new, errors="surrogate_or_replace")))
-        elif (os.stat(path).st_mode & 0o7777) != mode:
-            writes.append((path, None, mode))
-            diffs.append(dict(before_header=f"{path} (mode)", after_header=f"{path} (mode)",
-                              before=f"{os.stat(path).st_mode & 0o7777:04o}\n", after=f"{mode:04o}\n"))
+        cur_mode = os.stat(path).st_mode & 0o7777 if old is not None else None
+        if old != new or cur_mode != mode:
+            writes.append((path, new if old != new else None, mode))
+            diffs += file_changes(path, old, new, cur_mode, mode)
     if writes:
         result["changed"] = True
         result["diff"] = diffs
