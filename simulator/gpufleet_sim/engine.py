@@ -21,15 +21,17 @@ import math
 import random
 import zlib
 from dataclasses import dataclass, field
-from functools import partial
 
 import simpy
+
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import Counts, FleetSummary, NodeState
 
 from .brain import PARTITION, to_epoch, to_hours
 from .scenario import LEVEL
 
 H = 1.0 / 60.0  # one minute in hours
-_DOMAIN_KINDS = ("rack",)  # the failure-domain kinds of a node's virtual Slurm record (Sim._repair)
+_DRAIN = frozenset({"DRAIN"})
+_NO_FLAGS: frozenset = frozenset()
 
 
 @dataclass
@@ -43,7 +45,7 @@ class NodeRec:
     verdict: dict | None = None
     failures: int = 0
     token: int = 0  # invalidates stale scheduled callbacks
-    slurm: dict | None = None  # the node's virtual Slurm record (state, reason, report, history text)
+    slurm: NodeState | None = None  # the node's virtual Slurm record, as the repair policy reads it
 
 
 @dataclass
@@ -826,28 +828,15 @@ class Sim:
         else:
             self.rack_out.pop(r, None)
 
-    def fleet_counts(self, n: int) -> dict:
+    def fleet_counts(self, n: int) -> FleetSummary:
         """The fleet as the repair brain takes it: counts per partition and failure domain, no node lists."""
         r = n // self.rack
         rack_total = min(self.rack, self.N - r * self.rack)
-        # one idle spare is all a one-node plan can take (the engine places spares itself)
-        hot = 1 if self.policy["spares"] == "hot" and self.idle else 0
-        return {"total": self.N,
-                "partitions": {PARTITION: {"total": self.N, "available": self.N - self.out_count,
-                                           "unavailable": self.out_count, "spares_idle": hot}},
-                "domains": {"rack": {f"r{r}": {"total": rack_total,
-                                               "available": rack_total - self.rack_out.get(r, 0),
-                                               "unavailable": self.rack_out.get(r, 0)}}}}
-
-    def fleet_key(self, n: int) -> tuple:
-        """What the brain's cache keys fleet_counts(n) by (brain._fleet_key of it, the partition, the domain kinds),
-        built without the dicts."""
-        r = n // self.rack
-        rack_total = min(self.rack, self.N - r * self.rack)
         ro = self.rack_out.get(r, 0)
-        out = self.out_count
-        hot = 1 if self.policy["spares"] == "hot" and self.idle else 0
-        return (self.N, self.N, self.N - out, out, hot, rack_total, rack_total - ro, ro, PARTITION, _DOMAIN_KINDS)
+        # one idle spare is all a one-node plan can take (the engine places spares itself)
+        hot = [None] if self.policy["spares"] == "hot" and self.idle else []
+        return FleetSummary(self.N, {PARTITION: Counts(self.N, self.N - self.out_count, self.out_count, hot)},
+                            {"rack": {f"r{r}": Counts(rack_total, rack_total - ro, ro)}})
 
     # --- repair: the collection's repair policy decides every step -------------------------------------------------
     def start_repair(self, n: int, f: Failure) -> None:
@@ -877,36 +866,35 @@ class Sim:
         else:
             v = self._report_for(rec)
         ours = v["verdict"] in ("unhealthy", "degraded") and v["action"] not in ("none", "monitor")
-        now_s = to_epoch(env.now)
+        now_s = float(to_epoch(env.now))
         sl = rec.slurm
         if sl is None:
-            sl = rec.slurm = {"name": f"node{n:06d}", "partition": PARTITION,
-                              "domains": {"rack": f"r{n // self.rack}"}, "history": None}
-        sl.update({"state": "IDLE+DRAIN" if ours else "DOWN",
-                   "reason": f"gpufleet: {v['code']}" if ours else "Not responding",
-                   "reason_user": "root" if ours else "slurm", "reason_time": now_s,
-                   "report": v["report"], "report_time": now_s})
+            sl = rec.slurm = NodeState(f"node{n:06d}", (PARTITION,), {"rack": f"r{n // self.rack}"})
+        sl.state, sl.flags = ("idle", _DRAIN) if ours else ("down", _NO_FLAGS)
+        sl.reason = f"gpufleet: {v['code']}" if ours else "Not responding"
+        sl.reason_user = "root" if ours else "slurm"
+        sl.reason_time = sl.report_time = now_s
+        sl.report = v["report"]
         approvals: set = set()
         plan_node = self.brain.plan_node
         stats = self.stats
-        counts = partial(self.fleet_counts, n)  # built only when the brain reads the counts
         for _guard in range(200):
             stats["brain_calls"] += 1
             now = env.now
-            d = plan_node(sl, counts, now, approvals, self.breaker, self.fleet_key(n))
+            d = plan_node(sl, self.fleet_counts(n), now, approvals, self.breaker)
             a = d.action
             if a == "wait":
-                h = d.history_ref
+                h = d.hist
                 if h is not None:
-                    sl["history"] = h
+                    sl.history = h
                 yield env.timeout(max(to_hours(d.earliest) - now, 1.0 * H))
                 continue
             if a in ("hold", "escalate"):
                 # the brain hands the node to a person: someone diagnoses it and fixes it by hand
-                if a == "escalate" and d.history_after_ref is not None:
-                    sl["history"] = d.history_after_ref
-                elif d.history_ref is not None:
-                    sl["history"] = d.history_ref
+                if a == "escalate" and d.hist_after is not None:
+                    sl.history = d.hist_after
+                elif d.hist is not None:
+                    sl.history = d.hist
                 self.stats["escalations"] += 1
                 if d.rule == "breaker":
                     yield env.timeout(self.human_ready(env.now) - env.now)
@@ -918,8 +906,8 @@ class Sim:
                     if ok:
                         break
                 fixed = True
-                sl.update({"state": "IDLE", "reason": "", "reason_user": "", "reason_time": None,
-                           "report": self.brain.healthy_report()["report"], "report_time": to_epoch(env.now)})
+                sl.state, sl.flags, sl.reason, sl.reason_user, sl.reason_time = "idle", _NO_FLAGS, "", "", None
+                sl.report, sl.report_time = self.brain.healthy_report()["report"], float(to_epoch(env.now))
                 break
             if d.needs_approval and not d.approved:
                 yield env.timeout(self.approval_delay(env.now) - env.now)
@@ -927,14 +915,14 @@ class Sim:
                 continue
             if mode == "manual":
                 yield env.timeout(self.human_ready(env.now) - env.now)
-            if d.history_after_ref is not None:
-                sl["history"] = d.history_after_ref
+            if d.hist_after is not None:
+                sl.history = d.hist_after
             if a == "drain":
-                sl.update({"state": "IDLE+DRAIN", "reason": f"gpufleet: {d.code}", "reason_user": "root",
-                           "reason_time": to_epoch(env.now)})
+                sl.state, sl.flags, sl.reason, sl.reason_user = "idle", _DRAIN, f"gpufleet: {d.code}", "root"
+                sl.reason_time = float(to_epoch(env.now))
                 continue
             if a == "resume":
-                sl.update({"state": "IDLE", "reason": "", "reason_user": "", "reason_time": None})
+                sl.state, sl.flags, sl.reason, sl.reason_user, sl.reason_time = "idle", _NO_FLAGS, "", "", None
                 fixed = True
                 break
             if a in LEVEL:
@@ -945,7 +933,7 @@ class Sim:
                 else:
                     ok = yield from self._do(rec, a)
                 rep = self.brain.healthy_report() if ok else self._report_for(rec)
-                sl.update({"report": rep["report"], "report_time": to_epoch(env.now)})
+                sl.report, sl.report_time = rep["report"], float(to_epoch(env.now))
                 continue
             raise RuntimeError(f"repair brain returned an action the simulator does not know: {a}")
         if not fixed:

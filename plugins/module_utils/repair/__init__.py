@@ -2,10 +2,11 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Repair policy (the brain's second half): pure Python, stdlib only, no I/O.
 
-    from .repair import plan, RepairConfig
-    decisions = plan(fleet, attention, RepairConfig.from_dict(cfg), now)
+    from .repair import plan, RepairConfig, FleetSummary, NodeState
+    decisions = plan(fleet_summary, [node_state, ...], RepairConfig.from_dict(cfg), now)
 
-See policy.py for the rules, history.py for the compact history stored in Slurm, docs/repair.md for
+See state.py for the typed inputs (the older dicts are accepted too), rules.py for the rules, limits.py for the
+limits, policy.py for plan(), history.py for the compact history stored in Slurm, docs/repair.md for
 the reasoning and the defaults' sources.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 from .classify import classify
 from .config import DEFAULT_LADDERS, Limit, RepairConfig, parse_duration
 from .history import History, HistoryError, Incident, Step, dumps, is_ours, loads, record_outcome
+from .limits import breaker_threshold
 from .model import (
     ACTIONS,
     CHANGING_ACTIONS,
@@ -26,7 +28,8 @@ from .model import (
     RepairError,
     SpareMove,
 )
-from .policy import breaker_threshold, fleet_view, plan, retention, time_horizon
+from .policy import plan, retention
+from .state import Counts, FleetSummary, NodeState
 
 __all__ = [
     "ACTIONS",
@@ -35,12 +38,15 @@ __all__ = [
     "FAILURE_CLASSES",
     "REPAIR_STEPS",
     "BreakerState",
+    "Counts",
     "Decision",
+    "FleetSummary",
     "History",
     "HistoryError",
     "HookCall",
     "Incident",
     "Limit",
+    "NodeState",
     "Plan",
     "RepairConfig",
     "RepairError",
@@ -49,12 +55,10 @@ __all__ = [
     "breaker_threshold",
     "classify",
     "dumps",
-    "fleet_view",
     "is_ours",
     "loads",
     "parse_duration",
     "plan",
     "record_outcome",
     "retention",
-    "time_horizon",
 ]

@@ -37,8 +37,9 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from .config import RepairConfig
 from .fleet import _get, build_inputs, domains_of, out_of_service
+from .limits import Limits, breaker_threshold
 from .model import RepairError
-from .policy import Fleet, Node, _Ctx, breaker_threshold
+from .state import FleetSummary, NodeState
 
 #: Finding codes of the live probe that mean the node cannot run GPU jobs now (when critical): a GPU lost or
 #: missing, a GPU that needs a reset before it works again, no usable driver or NVML, NVML hanging run after run.
@@ -190,9 +191,9 @@ def drain_decision(
     parts = list(_get(me, "partitions") or ())
     rec = {"name": node, "partitions": parts, "state": "IDLE",
            "domains": domains_of(_get(me, "features") or (), {"rack": "rack", "switch": "switch"})}
-    fl = Fleet.parse(fleet)
-    n_rec = Node.parse(rec, 0)
-    block = _Ctx(fl, config, [n_rec]).drain_block(n_rec)
+    fl = FleetSummary.from_dict(fleet)
+    n_rec = NodeState.from_dict(rec, 0)
+    block = Limits(fl, config).drain_block(n_rec)
 
     brk = None
     if config.breaker_enabled:

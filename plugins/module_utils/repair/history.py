@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .model import ACTION_CODE, CLASS_CODE, CODE_ACTION, CODE_CLASS, REPAIR_STEPS, RepairError
 
@@ -190,8 +190,7 @@ def dumps(h: History) -> str:
         if inc.hooks:
             i += ',"hk":"' + "".join([ACTION_CODE[a] for a in inc.hooks]) + '"'
         i += f',"id":{int(inc.id)},"k":' + _json_str_memo(inc.code[:MAX_CODE])
-        oj = _OUTCOME_JSON.get
-        i += ',"s":[' + ",".join([f'["{ACTION_CODE[s.action]}",{int(s.started)},{oj(s.outcome, "null")}]'
+        i += ',"s":[' + ",".join([f'["{ACTION_CODE[s.action]}",{int(s.started)},{_step_outcome_json(s.outcome)}]'
                                   for s in inc.steps]) + "]"
         if inc.spare:
             i += ',"sp":' + _json_str_memo(inc.spare)
@@ -216,10 +215,15 @@ def _json_str_memo(s: str) -> str:
     return out
 
 
-_JSON_STRS: dict = {}
+_JSON_STRS: Dict[str, str] = {}
 _json_str = json.JSONEncoder(ensure_ascii=True).encode
 # _outcome_json for every outcome a Step holds (anything else, None and "" included, is null)
 _OUTCOME_JSON = {v: f'"{k}"' for k, v in OUTCOMES.items()}
+
+
+def _step_outcome_json(outcome: Optional[str]) -> str:
+    """A step's outcome in the stored form (anything but ok, failed and timeout is null)."""
+    return _OUTCOME_JSON.get(outcome or "", "null")
 
 
 def _outcome_json(outcome: Optional[str]) -> str:

@@ -8,8 +8,11 @@ Ansible modules, the node agent and the simulator.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
+
+if TYPE_CHECKING:  # pragma: no cover - history.py imports this module
+    from .history import History
 
 #: Every action a decision can carry.
 ACTIONS = ("wait", "drain", "reset_gpu", "reboot", "reimage", "replace", "resume", "escalate", "hold")
@@ -83,15 +86,19 @@ class HookCall:
         return asdict(self)
 
 
+_UNSET: Any = object()
+
+
 @dataclass
 class Decision:
     """What to do with one node now.
 
     ``action`` is one of ACTIONS. ``earliest`` is the epoch second from which the action may run
     (for ``wait``/``hold``: when it is worth looking again). ``runnable`` tells a body whether to
-    execute it in this run. ``history`` is the node's compact history to store if the action is
-    not executed (bookkeeping: first seen, outcomes); ``history_after`` the one to store just
-    before executing it. ``history`` is None when the field must not be written (not ours).
+    execute it in this run. ``hist`` is the node's history to store if the action is not executed
+    (bookkeeping: first seen, outcomes); ``hist_after`` the one to store just before executing it.
+    ``hist`` is None when the field must not be written (not ours). ``history`` and ``history_after``
+    are the same histories as Slurm stores them (text, written out on first read).
     ``slurm_reason`` is the reason to show in Slurm on a held node that we keep out of service (why it waits and
     what a person does about it); None leaves the reason as it is.
     """
@@ -111,20 +118,56 @@ class Decision:
     verify: bool = False
     spare: Optional[SpareMove] = None
     hook: Optional[HookCall] = None
-    history: Optional[str] = None
-    history_after: Optional[str] = None
+    hist: Optional[History] = field(default=None, repr=False)
+    hist_after: Optional[History] = field(default=None, repr=False)
     rule: str = ""
     slurm_reason: Optional[str] = None
+
+    @property
+    def history(self) -> Optional[str]:
+        """The history to store if the action is not executed, as text (None: leave the field as it is)."""
+        text = self.__dict__.get("_history_text", _UNSET)
+        if text is _UNSET:
+            text = self.__dict__["_history_text"] = _text(self.hist)
+        return text
+
+    @history.setter
+    def history(self, text: Optional[str]) -> None:
+        self.hist = None
+        self.__dict__["_history_text"] = text
+
+    @property
+    def history_after(self) -> Optional[str]:
+        """The history to store just before executing the action, as text."""
+        text = self.__dict__.get("_history_after_text", _UNSET)
+        if text is _UNSET:
+            text = self.__dict__["_history_after_text"] = _text(self.hist_after)
+        return text
 
     @property
     def approval_key(self) -> Tuple[str, str, str]:
         return (self.node, self.action, self.incident or "-")
 
     def to_dict(self) -> Dict[str, Any]:
-        d = asdict(self)
+        d: Dict[str, Any] = {}
+        for f in fields(self):
+            if f.name == "hist":
+                d["history"] = self.history
+            elif f.name == "hist_after":
+                d["history_after"] = self.history_after
+            else:
+                d[f.name] = getattr(self, f.name)
         d["spare"] = self.spare.to_dict() if self.spare else None
         d["hook"] = self.hook.to_dict() if self.hook else None
         return d
+
+
+def _text(h: Optional[History]) -> Optional[str]:
+    if h is None:
+        return None
+    from .history import dumps  # history.py imports this module
+
+    return dumps(h)
 
 
 class Plan(list):
@@ -135,7 +178,8 @@ class Plan(list):
     that matched no decision (stale or mistyped).
     """
 
-    def __init__(self, decisions=(), breaker=None, notes=(), unused_approvals=()):
+    def __init__(self, decisions: Iterable[Decision] = (), breaker: Optional[BreakerState] = None,
+                 notes: Iterable[str] = (), unused_approvals: Iterable[Tuple[str, str, str]] = ()) -> None:
         super().__init__(decisions)
         self.breaker = breaker
         self.notes: List[str] = list(notes)

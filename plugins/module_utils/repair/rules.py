@@ -1,0 +1,605 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The repair rules, each a small function, in the order they apply to one node (docs/repair.md has the table).
+
+A rule reads the node's :class:`Case` and returns a Decision, or None to let the next rule decide. Its name is the
+``rule`` field of every decision it makes. :func:`decide` runs them in order:
+
+1. ``foreign_history``, ``not_ours``: the history field holds someone else's text, or the node is out of service
+   with a reason that is not ours -> hold, never touched (our open incident on it is closed with a note).
+   ``no_report``: a node in service without a report -> hold.
+2. ``in_progress``: a step in progress -> wait, until a fresh report verifies it (ok -> resume), a fresh sick
+   report fails it, or it times out; a reboot that never happened is forgotten.
+3. ``drain_requested``: degraded and the health check asks for a drain -> hold for a person.
+   ``healthy``: healthy (or degraded with nothing to do and ``resume_degraded``) -> resume when drained by us
+   (``healthy_resume``), else ``healthy_in_service`` or ``breaker``; ``degraded_monitor`` otherwise.
+4. ``escalated``: the incident was escalated -> hold until a person takes the node back.
+5. ``breaker``: the circuit breaker is tripped -> hold.
+6. ``ttl``: the finding must persist ``ttl`` -> wait (flap suppression).
+7. ``drain``: still in service -> drain (``blast_radius_drain``: hold when a limit forbids it).
+   ``draining``: jobs still running -> wait.
+8. ``cooldown``: after the last repaired incident -> wait.
+9. ``next_step``: ``lemon`` (N incidents in M days) -> replace, ``escalate_repairs`` (N repairs in M days) and
+   ``incident_attempts`` -> escalate; ``ladder``: the next rung of the class's ladder (``ladder_exhausted`` ->
+   escalate).
+10. ``budget``: retry budget used -> wait; ``blast_radius``: a limit forbids the step -> hold; approval mode
+    -> needs approval (``gate``).
+
+The limits themselves (blast radius, concurrency, spares, budget, breaker) live in limits.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+from .classify import classify
+from .config import RepairConfig
+from .history import History, Incident, Step
+from .limits import Limits, budget_free_at
+from .model import CHANGING_ACTIONS, REPAIR_STEPS, SEVERITY, BreakerState, Decision, HookCall
+
+_REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"})
+# Steps done by someone else (a hook): a sick report meanwhile does not fail them; they end healthy or time out.
+LONG_STEPS = ("reimage", "replace")
+#: A step without a configured timeout times out after this many seconds.
+DEFAULT_STEP_TIMEOUT_S = 1800.0
+BREAKER_HELD = "circuit breaker tripped, a person checks the fleet and resets it"
+
+Approvals = Set[Tuple[str, str, str]]
+
+
+class Case:
+    """One node being decided: its state, its (working copy of the) history, the report and the plan's context.
+
+    ``hist`` is None when the history field holds someone else's text. ``before`` is the history as it came in
+    (set by the in-progress rule before a step's outcome changes it); ``booked`` the history with the incident
+    opened or updated (rules 4-10 return it unchanged).
+    """
+
+    __slots__ = ("n", "hist", "verdict", "report_action", "code", "gpu", "t0", "config", "limits", "brk",
+                 "approved", "now", "part", "actionable", "before", "booked", "cls")
+
+    def __init__(self, n: Any, hist: Optional[History], verdict: str, report_action: str, code: str,
+                 gpu: Optional[int], t0: float, config: RepairConfig, limits: Limits, brk: BreakerState,
+                 approved: Approvals, now: float):
+        self.n = n
+        self.hist = hist
+        self.verdict = verdict
+        self.report_action = report_action
+        self.code = code
+        self.gpu = gpu
+        self.t0 = t0
+        self.config = config
+        self.limits = limits
+        self.brk = brk
+        self.approved = approved
+        self.now = now
+        self.part: Optional[str] = n.partitions[0] if n.partitions else None
+        self.actionable = verdict in ("unhealthy", "unknown") or (
+            verdict == "degraded" and report_action in REPAIR_STEPS)
+        self.before: Optional[History] = None
+        self.booked: Optional[History] = None
+        self.cls: str = ""
+
+    def mk(self, action: str, reason: str, rule: str, earliest: Optional[float] = None, **kw: Any) -> Decision:
+        return Decision(
+            node=self.n.name,
+            action=action,
+            reason=reason,
+            earliest=float(self.now if earliest is None else earliest),
+            partition=self.part,
+            code=self.code,
+            gpu=self.gpu,
+            rule=rule,
+            **kw,
+        )
+
+    def inc_kw(self) -> Dict[str, Any]:
+        """The decision fields of the booked incident (rules 4-10)."""
+        kw = inc_kw(self.hist.incident if self.hist is not None else None)
+        kw["failure_class"] = self.cls
+        return kw
+
+    def foreign(self) -> Optional[str]:
+        return self.n.foreign(self.config.reason_prefix)
+
+
+def inc_kw(inc: Optional[Incident]) -> Dict[str, Any]:
+    if inc is None:
+        return {}
+    return {"incident": str(inc.id), "failure_class": inc.failure_class}
+
+
+def held_reason(n: Any, config: RepairConfig, code: Optional[str], why: str) -> Optional[str]:
+    """The Slurm reason that tells an operator why a node we keep out of service waits (None: leave it)."""
+    if not n.out_of_service or n.foreign(config.reason_prefix):
+        return None
+    text = "{} held{}: {}".format(config.reason_prefix, f" ({code})" if code else "", why)
+    return text[:250]
+
+
+def hook_key(node: str, incident: str, action: str) -> str:
+    """The idempotency key of a hook call (the same node, incident and action always give the same key)."""
+    return "gpufleet-" + hashlib.sha256((f"{node}/{incident}/{action}").encode()).hexdigest()[:24]
+
+
+def gate(d: Decision, config: RepairConfig, approved: Approvals, now: float) -> Decision:
+    """Approval mode: a changing action runs only when (node, action, incident) was approved.
+
+    An escalation only records and hands the node to a person, so it runs at once, unless it brings a hot spare
+    into service: that changes the partition, and in approval mode nothing changes before approval.
+    """
+    changes = d.action in CHANGING_ACTIONS or d.spare is not None
+    if changes and config.mode_for(d.failure_class) == "approval":
+        key = (d.node, d.action, d.incident or "-")
+        if key in approved:
+            d.approved = True
+        else:
+            d.needs_approval = True
+            d.reason += " [waiting for approval {}:{}:{}]".format(*key)
+    d.runnable = not d.needs_approval and d.earliest <= now
+    return d
+
+
+# ------------------------------------------------------------------------------------------------
+# 1. whose node, and is there anything to read
+# ------------------------------------------------------------------------------------------------
+def foreign_history(c: Case) -> Optional[Decision]:
+    """The history field holds text that is not ours: hold, never touched."""
+    if c.hist is None:
+        return c.mk("hold", "history field holds text that is not ours; not touched", "foreign_history")
+    return None
+
+
+def not_ours(c: Case) -> Optional[Decision]:
+    """Out of service with a reason that is not ours: hold, never touched, whatever our history says (a pending
+    step of ours included: Slurm keeps our prefix through its own reboot); our open incident is closed with a
+    note."""
+    if not c.foreign():
+        return None
+    n, hist = c.n, c.hist
+    assert hist is not None
+    inc = hist.incident
+    pending = inc.pending() if inc is not None else None
+    who = "out of service by someone else ({}{})".format(
+        n.reason or "no reason", " by " + n.reason_user if n.reason_user else ""
+    )
+    closed = None
+    if inc is not None:
+        hist.abandon(c.now, who[:90])
+        closed = hist
+        who += f"; our incident {inc.id} closed" + (f" ({pending.action} pending)" if pending is not None else "")
+    return c.mk("hold", who + "; never touched", "not_ours", hist=closed)
+
+
+def no_report(c: Case) -> Optional[Decision]:
+    """No health report for a node in service: nothing to act on."""
+    if c.verdict == "unknown" and c.n.report is None and not c.n.out_of_service:
+        return c.mk("hold", "no health report for a node in service; nothing to act on", "no_report", hist=c.hist)
+    return None
+
+
+# ------------------------------------------------------------------------------------------------
+# 2. a step in progress
+# ------------------------------------------------------------------------------------------------
+def reboot_never_happened(n: Any, pending: Step, config: RepairConfig) -> bool:
+    """The run that wrote a reboot's intent died before Slurm took the reboot: no reboot flag, no boot since, no
+    "reboot issued" in the reason. Only the reason of a node out of service counts: on 24.11 a resumed node keeps
+    an old "reboot issued" reason."""
+    return (
+        pending.action == "reboot"
+        and not n.rebooting
+        and n.boot_time is not None
+        and n.boot_time < pending.started
+        and "reboot" not in n.out_reason.lower().replace(config.reason_prefix.lower() + " reboot", "")
+    )
+
+
+def in_progress(c: Case) -> Optional[Decision]:
+    """A step in progress: wait until a fresh report verifies it (ok), a fresh sick report fails it, or it times
+    out; then the next rules decide. A reboot that never happened is forgotten (it does not count)."""
+    hist, n, config, now = c.hist, c.n, c.config, c.now
+    assert hist is not None
+    inc = hist.incident
+    pending = inc.pending() if inc is not None else None
+    if pending is None:
+        return None
+    if reboot_never_happened(n, pending, config):
+        hist.retract(pending)
+        c.limits.release(n)  # it counted as under repair; the node must not block its own next step
+        return None
+    before = c.before = hist.copy()
+    timeout = config.step_timeout_s.get(pending.action, DEFAULT_STEP_TIMEOUT_S)
+    done_by = pending.started + timeout
+    # only a short step (reset, reboot) is verified by the playbook while it waits: a reimage or replacement
+    # ends on a healthy report or its timeout, never on a check of the still-broken node
+    check = pending.action not in LONG_STEPS
+    fresh = n.report_time is not None and n.report_time > pending.started
+    if c.verdict == "healthy" and (n.report_time is None or fresh):
+        hist.finish("ok")
+    elif n.rebooting and now < done_by:
+        return c.mk(
+            "wait",
+            "{} in progress since {} (Slurm: {})".format(
+                pending.action, pending.started, "+".join(sorted(n.flags & _REBOOT_FLAGS))
+            ),
+            "in_progress",
+            earliest=done_by,
+            hist=before,
+            verify=check,
+            **inc_kw(inc),
+        )
+    elif c.actionable and pending.action not in LONG_STEPS and fresh:
+        hist.finish("failed")
+    elif now >= done_by:
+        hist.finish("timeout")
+    else:
+        return c.mk(
+            "wait",
+            f"{pending.action} started at {pending.started}; waiting for a health report newer than it",
+            "in_progress",
+            earliest=done_by,
+            hist=before,
+            verify=check,
+            **inc_kw(inc),
+        )
+    c.limits.release(n)
+    return None
+
+
+# ------------------------------------------------------------------------------------------------
+# 3. nothing to repair
+# ------------------------------------------------------------------------------------------------
+def drain_requested(c: Case) -> Optional[Decision]:
+    """Degraded with a drain request (a node-level problem such as a power brake on every GPU): no automatic
+    repair applies and resuming would undo the agent's drain; the node waits for a person."""
+    report = c.n.report
+    if c.actionable or c.verdict != "degraded" or not isinstance(report, Mapping) or report.get("drain") is not True:
+        return None
+    return c.mk(
+        "hold",
+        "degraded ({}) and the health check asks for the node out of service: a person investigates, "
+        "then resumes it".format(report.get("code") or c.report_action),
+        "drain_requested",
+        hist=c.hist if c.before is None else c.before,
+    )
+
+
+def healthy(c: Case) -> Optional[Decision]:
+    """Healthy (or degraded and nothing to do, with ``resume_degraded``): back to service if we drained it
+    (``healthy_resume``, closes the incident, starts the cooldown); held while the breaker is tripped."""
+    if c.actionable or not (c.verdict == "healthy" or (c.verdict == "degraded" and c.config.resume_degraded)):
+        return None
+    hist, n, config, now = c.hist, c.n, c.config, c.now
+    assert hist is not None
+    inc = hist.incident
+    cls = inc.failure_class if inc is not None else classify(n.report, config.class_map)
+    after = hist.copy()
+    after.close(now, config.cooldown_s)
+    if not n.out_of_service:
+        hist.close(now, config.cooldown_s)
+        return c.mk("hold", f"{c.verdict} and in service; nothing to do", "healthy_in_service", hist=hist,
+                    failure_class=cls)
+    if c.brk.tripped:
+        return c.mk(
+            "hold",
+            f"healthy but the circuit breaker is tripped ({c.brk.reason})",
+            "breaker",
+            hist=hist,
+            failure_class=cls,
+            slurm_reason=held_reason(n, config, None, BREAKER_HELD),
+            **inc_kw(inc),
+        )
+    d = c.mk(
+        "resume",
+        "{} report{}; drained by us ({})".format(
+            c.verdict, " after " + inc.steps[-1].action if inc is not None and inc.steps else "", n.reason
+        ),
+        "healthy_resume",
+        hist=hist,
+        hist_after=after,
+        **dict(inc_kw(inc), failure_class=cls),
+    )
+    return gate(d, config, c.approved, now)
+
+
+def degraded_monitor(c: Case) -> Optional[Decision]:
+    """Degraded with nothing to do and ``resume_degraded`` false: keep watching, the node stays where it is."""
+    if c.actionable:
+        return None
+    return c.mk("hold", f"degraded ({c.report_action}); monitoring", "degraded_monitor",
+                hist=c.hist if c.before is None else c.before)
+
+
+def book(c: Case) -> None:
+    """Open the incident (first seen ``t0``) or bring it up to date with the report; a person who took the node
+    back after an escalation ended that incident."""
+    hist, n, now = c.hist, c.n, c.now
+    assert hist is not None
+    cls = c.cls = classify(n.report, c.config.class_map)
+    if hist.incident is None:
+        hist.open(cls, c.code, c.gpu, c.t0)
+    else:
+        if hist.incident.escalated is not None and not n.out_of_service:
+            hist.close(now, 0)
+            hist.open(cls, c.code, c.gpu, now)
+        inc = hist.incident
+        assert inc is not None
+        inc.failure_class = cls
+        inc.code = c.code
+        if c.gpu is not None:
+            inc.gpu = c.gpu
+    c.booked = hist
+
+
+# ------------------------------------------------------------------------------------------------
+# 4-8. an incident that waits
+# ------------------------------------------------------------------------------------------------
+def escalated(c: Case) -> Optional[Decision]:
+    """The incident was escalated: hold until a person takes the node back."""
+    inc = c.hist.incident if c.hist is not None else None
+    if inc is None or inc.escalated is None:
+        return None
+    return c.mk("hold", f"escalated at {inc.escalated}; waiting for a person", "escalated", hist=c.booked,
+                **c.inc_kw())
+
+
+def breaker(c: Case) -> Optional[Decision]:
+    """The circuit breaker is tripped: hold until a person resets it."""
+    if not c.brk.tripped:
+        return None
+    return c.mk(
+        "hold",
+        f"circuit breaker tripped ({c.brk.reason}); a person must reset it",
+        "breaker",
+        hist=c.booked,
+        slurm_reason=held_reason(c.n, c.config, c.code, BREAKER_HELD),
+        **c.inc_kw(),
+    )
+
+
+def ttl(c: Case) -> Optional[Decision]:
+    """Flap suppression: the finding must persist ``ttl`` before any action."""
+    inc = c.hist.incident if c.hist is not None else None
+    assert inc is not None
+    until = inc.first_seen + c.config.ttl_s
+    if c.now >= until:
+        return None
+    return c.mk(
+        "wait",
+        f"{c.code} first seen at {inc.first_seen}; must persist {c.config.ttl_s:g}s before action",
+        "ttl",
+        earliest=until,
+        hist=c.booked,
+        **c.inc_kw(),
+    )
+
+
+def drain(c: Case) -> Optional[Decision]:
+    """Still in service: drain it, when the limits allow (``blast_radius_drain`` holds it otherwise)."""
+    n = c.n
+    if n.out_of_service:
+        return None
+    block = c.limits.drain_block(n)
+    if block:
+        return c.mk("hold", f"should drain ({c.code}) but {block}", "blast_radius_drain", hist=c.booked,
+                    **c.inc_kw())
+    c.limits.take_drain(n)
+    d = c.mk(
+        "drain",
+        "{} {}{}".format(c.verdict, c.code, f" gpu{c.gpu}" if c.gpu is not None else ""),
+        "drain",
+        hist=c.booked,
+        hist_after=c.booked,
+        **c.inc_kw(),
+    )
+    return gate(d, c.config, c.approved, c.now)
+
+
+def draining(c: Case) -> Optional[Decision]:
+    """Drained but jobs still running: wait a minute."""
+    if not c.n.busy:
+        return None
+    return c.mk("wait", "draining: jobs still running", "draining", earliest=c.now + 60, hist=c.booked,
+                **c.inc_kw())
+
+
+def cooldown(c: Case) -> Optional[Decision]:
+    """No new repair before the cooldown after the last repaired incident ends."""
+    hist = c.hist
+    assert hist is not None
+    until = hist.cooldown_until
+    if until is None or c.now >= until:
+        return None
+    return c.mk("wait", f"cooldown after the last repair until {until}", "cooldown", earliest=until,
+                hist=c.booked, **c.inc_kw())
+
+
+# ------------------------------------------------------------------------------------------------
+# 9. the next step: lemon, escalation, attempts, ladder
+# ------------------------------------------------------------------------------------------------
+def escalate(c: Case, reason: str, rule: str) -> Decision:
+    """Hand the node to a person (and bring a hot spare in where configured)."""
+    hist, config = c.hist, c.config
+    assert hist is not None and hist.incident is not None
+    after = hist.copy()
+    assert after.incident is not None
+    after.incident.escalated = int(c.now)
+    spare = None
+    if config.spares_enabled and "escalate" in config.spare_on and hist.incident.spare is None:
+        spare = c.limits.take_spare(c.n)
+        if spare is not None:
+            after.incident.spare = spare.spare or "?"
+    d = c.mk("escalate", reason, rule, hist=c.booked, hist_after=after, spare=spare, **c.inc_kw())
+    return gate(d, config, c.approved, c.now)
+
+
+def lemon(c: Case) -> Optional[Tuple[str, str, str]]:
+    """A lemon (``lemon.incidents`` incidents within ``lemon.window``): retire it with ``lemon.action``."""
+    hist, config, now = c.hist, c.config, c.now
+    assert hist is not None and hist.incident is not None
+    lemon_n = hist.incidents_since(now - config.lemon_window_s)
+    if lemon_n < config.lemon_incidents:
+        return None
+    days = f"{config.lemon_window_s / 86400:g}d"
+    if config.lemon_action == "escalate" or hist.incident.tried(config.lemon_action):
+        return ("escalate", "lemon", f"lemon: {lemon_n} incidents in {days}")
+    return (config.lemon_action, "lemon", f"lemon: {lemon_n} incidents in {days}; retire it")
+
+
+def escalate_repairs(c: Case) -> Optional[Tuple[str, str, str]]:
+    """``escalate.repairs`` repair steps within ``escalate.window`` on this node: a person should look."""
+    hist, config = c.hist, c.config
+    assert hist is not None
+    recent = len(hist.repairs_since(c.now - config.escalate_window_s))
+    if recent < config.escalate_repairs:
+        return None
+    return ("escalate", "escalate_repairs", f"{recent} repairs in {config.escalate_window_s / 86400:g}d "
+            f"(limit {config.escalate_repairs}): a person should look")
+
+
+def incident_attempts(c: Case) -> Optional[Tuple[str, str, str]]:
+    """``max_attempts_per_incident`` repair steps in this incident: escalate."""
+    inc = c.hist.incident if c.hist is not None else None
+    assert inc is not None
+    attempts = sum(1 for s in inc.steps if s.action in REPAIR_STEPS)
+    if attempts < c.config.max_attempts_per_incident:
+        return None
+    return ("escalate", "incident_attempts",
+            f"{attempts} attempts in this incident (limit {c.config.max_attempts_per_incident})")
+
+
+def ladder(c: Case) -> Tuple[str, str, str]:
+    """The next rung of the class's ladder, from the first rung at least as drastic as the report's action, one
+    step of each kind per incident; none left -> escalate (``ladder_exhausted``)."""
+    inc = c.hist.incident if c.hist is not None else None
+    assert inc is not None
+    steps = c.config.ladder_for(c.cls)
+    sev = SEVERITY.get(c.report_action, 0)
+    start = next((i for i, s in enumerate(steps) if SEVERITY[s] >= sev), len(steps)) if sev else 0
+    if start == len(steps) and c.report_action in REPAIR_STEPS:
+        # the report asks for more than the ladder offers: take the most drastic rung
+        start = len(steps) - 1
+    step = next((s for s in steps[start:] if not inc.tried(s)), None)
+    if step is None:
+        tried = ",".join(s.action for s in inc.steps) or "none"
+        return ("escalate", "ladder_exhausted", "ladder {} exhausted (tried {})".format("/".join(steps), tried))
+    last = inc.steps[-1] if inc.steps else None
+    why = "{} {}{}: {}".format(
+        c.cls,
+        c.code,
+        f" gpu{c.gpu}" if c.gpu is not None else "",
+        f"after {last.action} {last.outcome}" if last else "first step",
+    )
+    return (step, "ladder", why)
+
+
+#: How the next step is chosen, in order: the first rule that answers decides.
+NEXT_STEP_RULES: Tuple[Callable[[Case], Optional[Tuple[str, str, str]]], ...] = (
+    lemon, escalate_repairs, incident_attempts)
+
+
+def next_step(c: Case) -> Tuple[str, str, str]:
+    """(action, rule, why) of the next step: lemon, escalate_repairs, incident_attempts, else the ladder."""
+    for rule in NEXT_STEP_RULES:
+        got = rule(c)
+        if got is not None:
+            return got
+    return ladder(c)
+
+
+# ------------------------------------------------------------------------------------------------
+# 10. the step: budget, blast radius, approval
+# ------------------------------------------------------------------------------------------------
+def budget(c: Case, step: str) -> Optional[Decision]:
+    """Retry budget used (attempts per window, any incident): wait until a slot frees."""
+    hist, config = c.hist, c.config
+    assert hist is not None
+    free_at = budget_free_at(hist, config, c.now)
+    if free_at is None:
+        return None
+    used = len(hist.repairs_since(c.now - config.budget_window_s))
+    return c.mk(
+        "wait",
+        f"retry budget used: {used} attempts in {config.budget_window_s / 3600:g}h (limit {config.budget_attempts})",
+        "budget",
+        earliest=free_at,
+        hist=c.booked,
+        **c.inc_kw(),
+    )
+
+
+def blast_radius(c: Case, step: str) -> Optional[Decision]:
+    """A limit (min_healthy, nodes under repair per partition or domain, max_parallel) forbids the step: hold."""
+    block = c.limits.repair_block(c.n)
+    if not block:
+        return None
+    return c.mk("hold", f"{step} next, but {block}", "blast_radius", hist=c.booked, **c.inc_kw())
+
+
+def start_step(c: Case, step: str, rule: str, why: str) -> Decision:
+    """The step itself: the intent in the history, the hook call and the hot spare where configured, gated by
+    approval mode; a runnable step counts as under repair."""
+    hist, config, n, now = c.hist, c.config, c.n, c.now
+    assert hist is not None and hist.incident is not None
+    inc = hist.incident
+    after = hist.copy()
+    after.start(step, now)
+    assert after.incident is not None
+    hook = None
+    if step in config.hook_actions:
+        hook = HookCall(
+            action=step,
+            node=n.name,
+            incident=str(inc.id),
+            # the incident's first-seen time too: incident numbers start again at 1 when the history is lost (a
+            # slurmctld clean start, a person clearing Extra), and a new incident must never reuse an old key
+            idempotency_key=hook_key(n.name, f"{inc.id}@{inc.first_seen}", step),
+            reason=why,
+        )
+        after.incident.hooks.append(step)
+    spare = None
+    if config.spares_enabled and step in config.spare_on and inc.spare is None:
+        spare = c.limits.take_spare(n)
+        if spare is not None:
+            after.incident.spare = spare.spare or "?"
+    d = c.mk(step, why, rule, hist=c.booked, hist_after=after, hook=hook, spare=spare, **c.inc_kw())
+    d = gate(d, config, c.approved, now)
+    if d.runnable:
+        c.limits.take_active(n, started_now=True)
+    return d
+
+
+#: The rules before an incident is booked, in order.
+BEFORE_BOOKING: Tuple[Callable[[Case], Optional[Decision]], ...] = (
+    foreign_history, not_ours, no_report, in_progress, drain_requested, healthy, degraded_monitor)
+#: The rules after the incident is booked, in order, before the next step is chosen.
+WAITING: Tuple[Callable[[Case], Optional[Decision]], ...] = (escalated, breaker, ttl, drain, draining, cooldown)
+#: The limits on the chosen step, in order.
+STEP_LIMITS: Tuple[Callable[[Case, str], Optional[Decision]], ...] = (budget, blast_radius)
+
+
+def decide(c: Case) -> Decision:
+    """Run the rules in order for one node; the first that decides wins."""
+    for rule in BEFORE_BOOKING:
+        d = rule(c)
+        if d is not None:
+            return d
+    book(c)
+    for rule in WAITING:
+        d = rule(c)
+        if d is not None:
+            return d
+    step, rule_name, why = next_step(c)
+    if step == "escalate":
+        return escalate(c, why, rule_name)
+    for limit in STEP_LIMITS:
+        d = limit(c, step)
+        if d is not None:
+            return d
+    return start_step(c, step, rule_name, why)
+
+
+__all__: List[str] = ["Case", "decide", "gate", "held_reason", "hook_key", "inc_kw"]
