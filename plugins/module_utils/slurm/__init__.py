@@ -23,7 +23,7 @@ from __future__ import annotations
 from .cli import Runner, SlurmClient, subprocess_runner
 from .errors import ERROR_KINDS, SlurmError
 from .hostlist import expand_hostlist_local, split_hostlist_expr
-from .node import BASE_STATES, NEXT_STATES, REBOOT_FLAGS, Node, split_state
+from .node import BASE_STATES, NEXT_STATES, Node, split_state
 from .parse import parse_jobs_text, parse_node_text_line, parse_nodes_json, parse_nodes_text, parse_version
 from .pyslurm_backend import BACKENDS, pyslurm_version, select_backend
 from .waiters import WAIT_STATES, WaitTimeout, reached, wait_for_nodes
@@ -33,7 +33,6 @@ __all__ = [
     "BASE_STATES",
     "ERROR_KINDS",
     "NEXT_STATES",
-    "REBOOT_FLAGS",
     "WAIT_STATES",
     "Node",
     "Runner",

@@ -12,12 +12,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
 
-from ..repair.owner import foreign_reason, out_of_service
+from ..repair import owner
+from ..repair.state import REBOOT_FLAGS
 
 BASE_STATES = ("idle", "mixed", "allocated", "down", "error", "future", "unknown")
 NEXT_STATES = ("resume", "down", "undrain")
-#: State flags that mean a reboot is pending or under way.
-REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED"})
 
 _SUFFIXES = {"*": "NOT_RESPONDING", "~": "POWERED_DOWN", "#": "POWERING_UP", "%": "POWERING_DOWN",
              "!": "POWER_DOWN", "@": "REBOOT_REQUESTED", "^": "REBOOT_ISSUED", "$": "MAINTENANCE"}
@@ -75,23 +74,24 @@ class Node:
     address: str = ""
     version: str = ""
 
+    # -- the rules of repair/owner.py, applied (never a copy of them) ------------------------------------------
     @property
     def busy(self) -> bool:
         """Jobs still on the node (running or completing)."""
-        return self.state in ("mixed", "allocated") or "COMPLETING" in self.flags
+        return owner.busy(self.state, self.flags)
 
     @property
     def out_of_service(self) -> bool:
-        """DOWN, drained, draining or failed: the brain's rule (repair/owner.py)."""
-        return out_of_service(self.state, self.flags)
+        """DOWN, drained, draining or failed."""
+        return owner.out_of_service(self.state, self.flags)
 
     def foreign(self, prefix: str) -> Optional[str]:
         """None when we may act on the node; else why not (out of service with a reason not starting ``prefix``)."""
-        return foreign_reason(self.state, self.flags, self.reason, prefix)
+        return owner.foreign_reason(self.state, self.flags, self.reason, prefix)
 
     def drained_by(self, prefix: str) -> bool:
         """Out of service with a reason that starts with ``prefix``: we took it out, we may bring it back."""
-        return self.out_of_service and self.foreign(prefix) is None
+        return owner.drained_by(self.state, self.flags, self.reason, prefix)
 
     @property
     def drained(self) -> bool:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .node import REBOOT_FLAGS, Node
+from ..repair.state import REBOOT_FLAGS
+from .node import Node
 
 #: The states a waiter knows (``slurm_node``'s ``state`` values).
 WAIT_STATES = ("drained", "resumed", "down", "rebooted")
