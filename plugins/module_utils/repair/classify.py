@@ -118,21 +118,30 @@ _SEVERITY_RANK = {
 }
 
 
+def _longest_first(table: Mapping[str, str]) -> Tuple[str, ...]:
+    return tuple(sorted(table, key=len, reverse=True))
+
+
+_PREFIXES_LONGEST_FIRST = _longest_first(PREFIX_CLASS)
+
+
 def _lookup(key: str, class_map: Mapping[str, str]) -> Optional[str]:
     key = key.lower().strip()
     if not key:
         return None
-    for table in (class_map, PREFIX_CLASS):
-        if key in table:
-            return table[key]
+    if key in class_map:
+        return class_map[key]
+    if key in PREFIX_CLASS:
+        return PREFIX_CLASS[key]
     # config prefixes first (longest first), then xid numbers, then the built-in prefixes
-    for k in sorted(class_map, key=len, reverse=True):
-        if key.startswith(k):
-            return class_map[k]
+    if class_map:
+        for k in _longest_first(class_map):
+            if key.startswith(k):
+                return class_map[k]
     m = _XID_RE.match(key)
     if m:
         return _XID_CLASS.get(int(m.group(1)), "gpu")
-    for k in sorted(PREFIX_CLASS, key=len, reverse=True):
+    for k in _PREFIXES_LONGEST_FIRST:
         if key.startswith(k):
             return PREFIX_CLASS[k]
     return None

@@ -20,7 +20,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 from .model import FAILURE_CLASSES, MODES, REPAIR_STEPS, RepairError
 
@@ -107,7 +107,7 @@ class Limit:
         raise RepairError(f"{where}: expected a node count (e.g. 2) or a share (e.g. '20%'), got {value!r}")
 
 
-def _mapping(value: Any, where: str, allowed) -> Mapping[str, Any]:
+def _mapping(value: Any, where: str, allowed: Iterable[str]) -> Mapping[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -342,7 +342,7 @@ class RepairConfig:
         }
 
 
-def _action_list(value: Any, where: str, allowed) -> Tuple[str, ...]:
+def _action_list(value: Any, where: str, allowed: Iterable[str]) -> Tuple[str, ...]:
     if not isinstance(value, (list, tuple)):
         raise RepairError("{}: expected a list of actions from {}, got {!r}".format(where, ", ".join(allowed), value))
     for i, a in enumerate(value):

@@ -24,7 +24,7 @@ from .history import HistoryError, is_ours, loads
 from .owner import out_of_service as _out_of_service
 
 
-def _get(node: Any, key: str, default=None):
+def _get(node: Any, key: str, default: Any = None) -> Any:
     if isinstance(node, Mapping):
         return node.get(key, default)
     return getattr(node, key, default)

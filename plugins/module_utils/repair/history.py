@@ -157,22 +157,44 @@ class History:
         if self.cooldown_until is not None and self.cooldown_until <= now:
             self.cooldown_until = None
 
+    def pruned(self, now: float, keep_s: float, cap: int = 0) -> History:
+        """A copy with prune() applied: what ``h.copy()`` then ``.prune(now, keep_s, cap)`` give, in one pass."""
+        cut = now - keep_s
+        repairs = self.repairs
+        if repairs:
+            repairs = sorted([r for r in repairs if r[0] >= cut])[-max(cap, MAX_REPAIRS) :]
+        else:
+            repairs = []
+        past = self.past
+        if past:
+            past = sorted([p for p in past if p[0] >= cut])[-max(cap, MAX_PAST) :]
+        else:
+            past = []
+        cd = self.cooldown_until
+        if cd is not None and cd <= now:
+            cd = None
+        return History(self.seq, self._incident_copy(), repairs, past, cd, self.note)
+
+    def _incident_copy(self) -> Optional[Incident]:
+        inc = self.incident
+        if inc is None:
+            return None
+        return Incident(
+            id=inc.id,
+            failure_class=inc.failure_class,
+            code=inc.code[:MAX_CODE],
+            gpu=inc.gpu,
+            first_seen=inc.first_seen,
+            steps=[Step(s.action, s.started, s.outcome) for s in inc.steps],
+            escalated=inc.escalated,
+            spare=inc.spare or None,
+            hooks=list(inc.hooks),
+        )
+
     def copy(self) -> History:
         """A deep copy (what loads(dumps(self)) gives, without the text round trip)."""
-        inc = self.incident
-        if inc is not None:
-            inc = Incident(
-                id=inc.id,
-                failure_class=inc.failure_class,
-                code=inc.code[:MAX_CODE],
-                gpu=inc.gpu,
-                first_seen=inc.first_seen,
-                steps=[Step(s.action, s.started, s.outcome) for s in inc.steps],
-                escalated=inc.escalated,
-                spare=inc.spare or None,
-                hooks=list(inc.hooks),
-            )
-        return History(self.seq, inc, list(self.repairs), list(self.past), self.cooldown_until, self.note)
+        return History(self.seq, self._incident_copy(), list(self.repairs), list(self.past), self.cooldown_until,
+                       self.note)
 
 
 def dumps(h: History) -> str:

@@ -17,7 +17,7 @@ functions below are the budget and breaker arithmetic. The rules (rules.py) ask 
 from __future__ import annotations
 
 import math
-from typing import Dict, Iterator, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from .config import Limit, RepairConfig
 from .history import History
@@ -36,6 +36,8 @@ def budget_free_at(history: History, config: RepairConfig, now: float) -> Option
     """When the node's retry budget has a free slot again; None when it has one now.
 
     ``budget``: at most ``attempts`` repair steps (any incident) within ``window`` seconds."""
+    if len(history.repairs) < config.budget_attempts:
+        return None  # fewer attempts than that, whatever their times
     window = history.repairs_since(now - config.budget_window_s)
     if len(window) < config.budget_attempts:
         return None
@@ -61,13 +63,23 @@ class Limits:
         self.parallel = 0
         self.spares: Dict[str, List[Optional[str]]] = {}  # partition -> idle spares left (copied on first use)
         self.spares_taken: Set[str] = set()
+        self._node_groups: Dict[str, List[Tuple[GroupKey, Counts, int]]] = {}
+        self._need: Dict[str, int] = {}  # partition -> nodes min_healthy keeps available
 
-    def _groups(self, node: NodeState) -> Iterator[Tuple[GroupKey, Counts, Limit]]:
+    def _groups(self, node: NodeState) -> List[Tuple[GroupKey, Counts, int]]:
+        """The node's partitions and failure domains that have a limit: (key, counts, limit as a node count)."""
+        got = self._node_groups.get(node.name)
+        if got is None:
+            got = self._node_groups[node.name] = self._find_groups(node)
+        return got
+
+    def _find_groups(self, node: NodeState) -> List[Tuple[GroupKey, Counts, int]]:
+        out: List[Tuple[GroupKey, Counts, int]] = []
         parts = self.fleet.partitions
         for p in node.partitions:
             c = parts.get(p)
             if c is not None:
-                yield ("partition", p), c, self.config.max_unavailable
+                out.append((("partition", p), c, limit_of(c, self.config.max_unavailable)))
         if node.domains:
             limits = self.config.domain_limits
             for kind, dom in node.domains.items():
@@ -76,21 +88,23 @@ class Limits:
                     continue
                 dc = self.fleet.domain(kind, dom)
                 if dc is not None:
-                    yield (kind, dom), dc, limit
+                    out.append(((kind, dom), dc, limit_of(dc, limit)))
+        return out
 
     def min_healthy_block(self, node: NodeState) -> Optional[str]:
         """``min_healthy``: why the node's partition has too few nodes available for automation to act, or None."""
-        min_healthy = self.config.min_healthy
         for p in node.partitions:
             c = self.fleet.partitions.get(p)
             if c is None or c.total == 0:
                 continue
-            need = int(math.ceil(min_healthy * c.total - 1e-9))
+            need = self._need.get(p)
+            if need is None:
+                need = self._need[p] = int(math.ceil(self.config.min_healthy * c.total - 1e-9))
             avail = c.available - self.new_unavailable.get(("partition", p), 0)
             if avail < need:
                 return (
                     f"partition {p} has {avail} of {c.total} nodes available, "
-                    f"below min_healthy {min_healthy * 100:g}% ({need}): automation waits"
+                    f"below min_healthy {self.config.min_healthy * 100:g}% ({need}): automation waits"
                 )
         return None
 
@@ -100,8 +114,7 @@ class Limits:
         msg = self.min_healthy_block(node)
         if msg:
             return msg
-        for key, c, limit in self._groups(node):
-            n = limit_of(c, limit)
+        for key, c, n in self._groups(node):
             after = c.unavailable + self.new_unavailable.get(key, 0) + 1
             if after > n:
                 return f"draining would make {after} nodes unavailable in {key[0]} {key[1]} (limit {n})"
@@ -118,27 +131,28 @@ class Limits:
         msg = self.min_healthy_block(node)
         if msg:
             return msg
-        for key, c, limit in self._groups(node):
-            n = limit_of(c, limit)
-            if self.active.get(key, 0) + 1 > n:
-                return f"{self.active.get(key, 0)} nodes already under repair in {key[0]} {key[1]} (limit {n})"
+        active = self.active
+        for key, _c, n in self._groups(node):
+            if active.get(key, 0) + 1 > n:
+                return f"{active.get(key, 0)} nodes already under repair in {key[0]} {key[1]} (limit {n})"
         max_parallel = self.config.max_parallel
         if max_parallel is not None and self.parallel + 1 > max_parallel:
             return f"max_parallel {max_parallel} repairs already started in this run"
         return None
 
     def take_drain(self, node: NodeState) -> None:
-        for key, _c, _l in self._groups(node):
+        for key, _c, _n in self._groups(node):
             self.new_unavailable[key] = self.new_unavailable.get(key, 0) + 1
 
     def take_active(self, node: NodeState, started_now: bool) -> None:
-        for key, _c, _l in self._groups(node):
-            self.active[key] = self.active.get(key, 0) + 1
+        active = self.active
+        for key, _c, _n in self._groups(node):
+            active[key] = active.get(key, 0) + 1
         if started_now:
             self.parallel += 1
 
     def release(self, node: NodeState) -> None:
-        for key, _c, _l in self._groups(node):
+        for key, _c, _n in self._groups(node):
             self.active[key] = max(0, self.active.get(key, 0) - 1)
 
     def take_spare(self, node: NodeState) -> Optional[SpareMove]:

@@ -15,9 +15,12 @@ nothing.
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import AbstractSet, Iterable, Optional
 
 OUT_FLAGS = frozenset({"DRAIN", "FAIL"})
+#: Base states (upper case) of a node out of service.
+OUT_STATES = frozenset({"DOWN", "DRAINED", "DRAINING", "DRAIN", "FAIL", "FAILING"})
+_OUT_ANY_FLAG = OUT_FLAGS | {"DOWN"}
 
 
 def out_of_service(state: Optional[str], flags: Iterable[str] = ()) -> bool:
@@ -25,17 +28,25 @@ def out_of_service(state: Optional[str], flags: Iterable[str] = ()) -> bool:
     words = [w for w in str(state or "").upper().replace("*", "").split("+") if w]
     base = words[0] if words else ""
     fl = {str(f).upper() for f in flags} | set(words[1:])
-    return base in ("DOWN", "DRAINED", "DRAINING", "DRAIN", "FAIL", "FAILING") or bool(fl & OUT_FLAGS) or "DOWN" in fl
+    return out_of_service_split(base, fl)
 
 
-def foreign_reason(state: Optional[str], flags: Iterable[str], reason: Optional[str], prefix: str) -> Optional[str]:
+def out_of_service_split(base: str, flags: AbstractSet[str]) -> bool:
+    """out_of_service() of a state already split: ``base`` one word (any case), ``flags`` upper case."""
+    return base.upper() in OUT_STATES or not _OUT_ANY_FLAG.isdisjoint(flags)
+
+
+def foreign_reason(
+    state: Optional[str], flags: Iterable[str], reason: Optional[str], prefix: str, *, out: Optional[bool] = None
+) -> Optional[str]:
     """None when we may act on the node; else why not (the node is out of service with a reason that is not ours).
 
-    ``prefix`` must be a non-empty string: with an empty prefix every reason would be ours.
+    ``prefix`` must be a non-empty string: with an empty prefix every reason would be ours. ``out``: whether the
+    node is out of service, when the caller knows already (else it is worked out from ``state`` and ``flags``).
     """
     if not isinstance(prefix, str) or not prefix.strip():
         raise ValueError(f"reason_prefix: expected a non-empty string, got {prefix!r}")
-    if not out_of_service(state, flags):
+    if not (out_of_service(state, flags) if out is None else out):
         return None
     reason = str(reason or "")
     if reason.startswith(prefix):
@@ -46,7 +57,8 @@ def foreign_reason(state: Optional[str], flags: Iterable[str], reason: Optional[
 
 def drained_by(state: Optional[str], flags: Iterable[str], reason: Optional[str], prefix: str) -> bool:
     """Out of service with a reason that starts with ``prefix``: we took the node out, we may bring it back."""
-    return out_of_service(state, flags) and foreign_reason(state, flags, reason, prefix) is None
+    out = out_of_service(state, flags)
+    return out and foreign_reason(state, flags, reason, prefix, out=out) is None
 
 
 #: Base states (scontrol and sinfo spellings, lower case) of a node with jobs on it.

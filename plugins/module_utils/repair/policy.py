@@ -86,9 +86,19 @@ def _first_seen(node: NodeState, hist: History, now: float) -> float:
 def retention(config: RepairConfig) -> Tuple[float, int]:
     """What plan() keeps of a node's history before it decides: entries of the last ``keep`` seconds, at most
     ``cap`` of each list (History.prune). A decision depends on the pruned history only."""
+    got = _RETENTION.get(id(config))
+    if got is not None and got[0] is config:
+        return got[1]
     keep = max(config.budget_window_s, config.escalate_window_s, config.lemon_window_s, config.history_keep_s)
     cap = max(config.budget_attempts, config.escalate_repairs, config.lemon_incidents) + 1
+    if len(_RETENTION) >= 64:
+        _RETENTION.clear()
+    _RETENTION[id(config)] = (config, (keep, cap))
     return keep, cap
+
+
+# retention() per config object (a config is frozen; the entry holds the config, so its id is not reused)
+_RETENTION: Dict[int, Tuple[RepairConfig, Tuple[float, int]]] = {}
 
 
 def plan(
@@ -140,8 +150,7 @@ def plan(
         if n.history_foreign:
             prepared.append((n, None, verdict, action, code, gpu, now))
             continue
-        hist = History() if n.history is None else n.history.copy()
-        hist.prune(now, keep, cap)
+        hist = History() if n.history is None else n.history.pruned(now, keep, cap)
         prepared.append((n, hist, verdict, action, code, gpu, _first_seen(n, hist, now)))
 
     # Circuit breaker: distinct nodes failing, first seen within the window (and after the last reset).

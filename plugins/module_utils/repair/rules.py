@@ -440,6 +440,8 @@ def lemon(c: Case) -> Optional[Tuple[str, str, str]]:
     """A lemon (``lemon.incidents`` incidents within ``lemon.window``): retire it with ``lemon.action``."""
     hist, config, now = c.hist, c.config, c.now
     assert hist is not None and hist.incident is not None
+    if len(hist.past) + 1 < config.lemon_incidents:
+        return None  # fewer incidents than that, whatever their times
     lemon_n = hist.incidents_since(now - config.lemon_window_s)
     if lemon_n < config.lemon_incidents:
         return None
@@ -453,6 +455,8 @@ def escalate_repairs(c: Case) -> Optional[Tuple[str, str, str]]:
     """``escalate.repairs`` repair steps within ``escalate.window`` on this node: a person should look."""
     hist, config = c.hist, c.config
     assert hist is not None
+    if len(hist.repairs) < config.escalate_repairs:
+        return None  # fewer repairs than that, whatever their times
     recent = len(hist.repairs_since(c.now - config.escalate_window_s))
     if recent < config.escalate_repairs:
         return None
@@ -464,7 +468,10 @@ def incident_attempts(c: Case) -> Optional[Tuple[str, str, str]]:
     """``max_attempts_per_incident`` repair steps in this incident: escalate."""
     inc = c.hist.incident if c.hist is not None else None
     assert inc is not None
-    attempts = sum(1 for s in inc.steps if s.action in REPAIR_STEPS)
+    attempts = 0
+    for s in inc.steps:
+        if s.action in REPAIR_STEPS:
+            attempts += 1
     if attempts < c.config.max_attempts_per_incident:
         return None
     return ("escalate", "incident_attempts",
@@ -477,12 +484,13 @@ def ladder(c: Case) -> Tuple[str, str, str]:
     inc = c.hist.incident if c.hist is not None else None
     assert inc is not None
     steps = c.config.ladder_for(c.cls)
-    sev = SEVERITY.get(c.report_action, 0)
-    start = next((i for i, s in enumerate(steps) if SEVERITY[s] >= sev), len(steps)) if sev else 0
-    if start == len(steps) and c.report_action in REPAIR_STEPS:
-        # the report asks for more than the ladder offers: take the most drastic rung
-        start = len(steps) - 1
-    step = next((s for s in steps[start:] if not inc.tried(s)), None)
+    start = ladder_start(steps, c.report_action)
+    done = {s.action for s in inc.steps}
+    step = None
+    for s in steps[start:]:
+        if s not in done:
+            step = s
+            break
     if step is None:
         tried = ",".join(s.action for s in inc.steps) or "none"
         return ("escalate", "ladder_exhausted", "ladder {} exhausted (tried {})".format("/".join(steps), tried))
@@ -494,6 +502,18 @@ def ladder(c: Case) -> Tuple[str, str, str]:
         f"after {last.action} {last.outcome}" if last else "first step",
     )
     return (step, "ladder", why)
+
+
+def ladder_start(steps: Tuple[str, ...], report_action: str) -> int:
+    """The first rung at least as drastic as the report's action (a report asking for more than the ladder offers
+    gets the most drastic rung)."""
+    sev = SEVERITY.get(report_action, 0)
+    if not sev:
+        return 0
+    for i, s in enumerate(steps):
+        if SEVERITY[s] >= sev:
+            return i
+    return len(steps) - 1 if report_action in REPAIR_STEPS else len(steps)
 
 
 #: How the next step is chosen, in order: the first rule that answers decides.

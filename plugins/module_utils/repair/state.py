@@ -163,15 +163,16 @@ class NodeState:
     @property
     def out_of_service(self) -> bool:
         """DOWN, drained, draining or failed."""
-        return owner.out_of_service(self.state, self.flags)
+        return owner.out_of_service_split(self.state, self.flags)
 
     def foreign(self, prefix: str) -> Optional[str]:
         """None when we may act on the node; else why not (out of service with a reason that is not ours)."""
-        return owner.foreign_reason(self.state, self.flags, self.reason, prefix)
+        return owner.foreign_reason(self.state, self.flags, self.reason, prefix, out=self.out_of_service)
 
     def drained_by(self, prefix: str) -> bool:
         """Out of service with a reason that starts with ``prefix``: we took it out."""
-        return owner.drained_by(self.state, self.flags, self.reason, prefix)
+        out = self.out_of_service
+        return out and owner.foreign_reason(self.state, self.flags, self.reason, prefix, out=out) is None
 
     @property
     def out_reason(self) -> str:

@@ -1,0 +1,311 @@
+"""Each named repair rule (repair/rules.py) and limit (repair/limits.py) on its own: a case it decides and a control
+it leaves to the next rule. The rule's name is the ``rule`` field of the decision it makes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from repair_builders import HEALTHY, NOW, D, H, fleet, hist, in_service, node, report
+
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import (
+    BreakerState,
+    FleetSummary,
+    NodeState,
+    RepairConfig,
+    loads,
+    plan,
+)
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import rules as R
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.limits import (
+    Limits,
+    breaker_threshold,
+    budget_free_at,
+    limit_of,
+)
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.state import Counts
+
+CONFIG = RepairConfig.from_dict({"blast_radius": {"max_unavailable": 4, "min_healthy": "25%"}})
+TRIPPED = BreakerState(tripped=True, since=NOW - 60, reason="5 nodes failed")
+
+
+def case(rec=None, config=CONFIG, fl=None, brk=None, approved=frozenset(), booked=False, t0=None):
+    """A Case for one node record (repair_builders' dict), its history parsed as plan() reads it."""
+    n = NodeState.from_dict(rec if rec is not None else node())
+    verdict, action, code, gpu = _report_fields(n.report)
+    h = None if n.history_foreign else (n.history.copy() if n.history is not None else loads(""))
+    c = R.Case(n, h, verdict, action, code, gpu, NOW - H if t0 is None else t0, config,
+               Limits(FleetSummary.from_dict(fl or fleet()), config), brk or BreakerState(), set(approved), NOW)
+    if booked:
+        R.book(c)
+    return c
+
+
+def _report_fields(rep):
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.classify import check_report
+
+    return check_report(rep, "report")
+
+
+# --- 1. whose node ---------------------------------------------------------------------------------------------
+def test_foreign_history_holds_a_field_that_is_not_ours():
+    d = R.foreign_history(case(node(history="maintenance window, ask bob")))
+    assert (d.action, d.rule, d.history) == ("hold", "foreign_history", None)
+    assert R.foreign_history(case(node(history=hist()))) is None
+
+
+def test_not_ours_holds_and_closes_our_incident_with_a_note():
+    c = case(node(reason="bios update", user="alice", history=hist(steps=[("reboot", NOW - 600, None)])))
+    d = R.not_ours(c)
+    assert (d.action, d.rule) == ("hold", "not_ours") and "reboot pending" in d.reason
+    closed = loads(d.history)
+    assert closed.incident is None and "incident 1 closed" in closed.note
+    assert R.not_ours(case(node(history=hist()))) is None  # our reason: the next rules decide
+
+
+def test_no_report_holds_a_node_in_service_without_a_report():
+    assert R.no_report(case(in_service(rep=None))).rule == "no_report"
+    assert R.no_report(case(node(rep=None))) is None  # out of service: the probe class handles it
+
+
+# --- 2. a step in progress -------------------------------------------------------------------------------------
+def test_in_progress_waits_for_a_newer_report_then_lets_the_next_rules_decide():
+    rec = node(history=hist(steps=[("reset_gpu", NOW - 60, None)]), report_time=NOW - 120)
+    d = R.in_progress(case(rec))
+    assert (d.action, d.rule, d.verify, d.earliest) == ("wait", "in_progress", True, NOW - 60 + 600)
+    rec = node(history=hist(steps=[("reset_gpu", NOW - 60, None)]), report_time=NOW - 10)
+    c = case(rec)
+    assert R.in_progress(c) is None and c.hist.incident.steps[-1].outcome == "failed"  # a fresh sick report
+    assert c.before.incident.pending() is not None  # the history as it came in, kept for the rules after
+    assert R.in_progress(case(node(history=hist()))) is None  # nothing pending
+
+
+def test_in_progress_times_out_and_forgets_a_reboot_that_never_happened():
+    c = case(node(history=hist(steps=[("reset_gpu", NOW - 700, None)])))
+    assert R.in_progress(c) is None and c.hist.incident.steps[-1].outcome == "timeout"
+    rec = node(history=hist(steps=[("reboot", NOW - 60, None)]))
+    rec["boot_time"] = NOW - 3 * H
+    c = case(rec)
+    assert R.reboot_never_happened(c.n, c.hist.incident.pending(), CONFIG)
+    assert R.in_progress(c) is None and c.hist.incident.steps == [] and c.hist.repairs == []
+    rec["reason"] = "gpufleet: xid48 gpu3 : reboot issued"
+    c = case(rec)
+    assert not R.reboot_never_happened(c.n, c.hist.incident.pending(), CONFIG)  # Slurm took it
+
+
+# --- 3. nothing to repair --------------------------------------------------------------------------------------
+def test_drain_requested_holds_a_degraded_node_the_check_wants_out():
+    rep = dict(report("degraded", "monitor", "hw_slowdown"), drain=True)
+    assert R.drain_requested(case(node(rep=rep, history=hist()))).rule == "drain_requested"
+    rep["drain"] = False
+    assert R.drain_requested(case(node(rep=rep, history=hist()))) is None
+
+
+def test_healthy_resumes_a_node_we_drained_and_holds_one_in_service():
+    d = R.healthy(case(node(rep=HEALTHY, history=hist(steps=[("reset_gpu", NOW - 900, "ok")]))))
+    assert (d.action, d.rule, d.runnable) == ("resume", "healthy_resume", True)
+    after = loads(d.history_after)
+    assert after.incident is None and after.cooldown_until == NOW + 1800
+    assert R.healthy(case(in_service(rep=HEALTHY))).rule == "healthy_in_service"
+    assert R.healthy(case(node(rep=HEALTHY), brk=TRIPPED)).rule == "breaker"
+    assert R.healthy(case(node())) is None  # unhealthy: not this rule
+
+
+def test_degraded_monitor_keeps_watching_when_resume_degraded_is_off():
+    config = RepairConfig.from_dict({"resume_degraded": False})
+    c = case(node(rep=report("degraded", "monitor", "temp_high")), config=config)
+    assert R.healthy(c) is None and R.degraded_monitor(c).rule == "degraded_monitor"
+    assert R.degraded_monitor(case(node())) is None
+
+
+def test_book_opens_the_incident_or_updates_it():
+    c = case(node(history=None), booked=True)
+    assert (c.hist.incident.id, c.hist.incident.first_seen, c.cls) == (1, NOW - H, "gpu_memory")
+    c = case(node(rep=report(code="xid79", action="reboot"), history=hist()), booked=True)
+    assert (c.hist.incident.id, c.hist.incident.code, c.cls) == (1, "xid79", "gpu_lost")
+    c = case(in_service(history=hist(escalated=NOW - D)), booked=True)  # a person took it back
+    assert (c.hist.incident.id, c.hist.incident.escalated) == (2, None)
+
+
+# --- 4-8. an incident that waits -------------------------------------------------------------------------------
+def test_escalated_holds_until_a_person_takes_the_node_back():
+    assert R.escalated(case(node(history=hist(escalated=NOW - H)), booked=True)).rule == "escalated"
+    assert R.escalated(case(node(history=hist()), booked=True)) is None
+
+
+def test_breaker_holds_everything_and_says_so_in_slurm():
+    d = R.breaker(case(node(history=hist()), brk=TRIPPED, booked=True))
+    assert d.rule == "breaker" and d.slurm_reason.startswith("gpufleet: held (xid48): circuit breaker")
+    assert R.breaker(case(node(history=hist()), booked=True)) is None
+
+
+def test_ttl_waits_until_the_finding_persisted():
+    d = R.ttl(case(node(history=hist(t0=NOW - 60)), booked=True))
+    assert (d.action, d.rule, d.earliest) == ("wait", "ttl", NOW - 60 + 300)
+    assert R.ttl(case(node(history=hist(t0=NOW - 301)), booked=True)) is None
+
+
+def test_drain_drains_a_node_in_service_within_the_limits():
+    d = R.drain(case(in_service(), booked=True))
+    assert (d.action, d.rule, d.runnable) == ("drain", "drain", True)
+    d = R.drain(case(in_service(), fl=fleet(total=8, unavailable=4), booked=True))
+    assert (d.action, d.rule) == ("hold", "blast_radius_drain")
+    assert R.drain(case(node(), booked=True)) is None  # already out of service
+
+
+def test_draining_waits_for_jobs_to_end():
+    assert R.draining(case(node(state="MIXED"), booked=True)).rule == "draining"
+    assert R.draining(case(node(state="IDLE"), booked=True)) is None
+
+
+def test_cooldown_waits_after_the_last_repair():
+    d = R.cooldown(case(node(history=hist(cooldown=NOW + 600)), booked=True))
+    assert (d.rule, d.earliest) == ("cooldown", NOW + 600)
+    assert R.cooldown(case(node(history=hist(cooldown=None)), booked=True)) is None
+
+
+# --- 9. the next step ------------------------------------------------------------------------------------------
+def test_lemon_retires_a_node_with_too_many_incidents():
+    past = [(NOW - k * D, "gpu_memory") for k in (2, 5, 9)]
+    assert R.lemon(case(node(history=hist(past=past)), booked=True))[:2] == ("replace", "lemon")
+    tried = hist(past=past, steps=[("replace", NOW - H, "failed")])
+    assert R.lemon(case(node(history=tried), booked=True))[:2] == ("escalate", "lemon")
+    assert R.lemon(case(node(history=hist(past=past[:2])), booked=True)) is None
+
+
+def test_escalate_repairs_after_too_many_repairs_in_the_window():
+    many = hist(repairs=[(NOW - k * D, "reboot") for k in (1, 2, 3, 4, 5)])
+    assert R.escalate_repairs(case(node(history=many), booked=True))[:2] == ("escalate", "escalate_repairs")
+    assert R.escalate_repairs(case(node(history=hist(repairs=[(NOW - D, "reboot")])), booked=True)) is None
+
+
+def test_incident_attempts_escalates_when_the_incident_used_its_attempts():
+    steps = [("reset_gpu", NOW - 3 * H, "failed"), ("reboot", NOW - 2 * H, "failed"), ("reimage", NOW - H, "failed")]
+    got = R.incident_attempts(case(node(history=hist(steps=steps)), booked=True))
+    assert got[:2] == ("escalate", "incident_attempts")
+    assert R.incident_attempts(case(node(history=hist(steps=steps[:2])), booked=True)) is None
+
+
+def test_ladder_takes_the_next_rung_from_the_reports_action():
+    assert R.ladder(case(node(history=hist()), booked=True))[:2] == ("reset_gpu", "ladder")
+    c = case(node(rep=report(action="reboot"), history=hist()), booked=True)
+    assert R.ladder(c)[:2] == ("reboot", "ladder")  # skips reset_gpu
+    done = hist(steps=[("reset_gpu", NOW - 2 * H, "failed"), ("reboot", NOW - H, "failed"),
+                       ("replace", NOW - H, "failed")])
+    assert R.ladder(case(node(history=done), booked=True))[:2] == ("escalate", "ladder_exhausted")
+    assert R.ladder_start(("reset_gpu", "reboot"), "replace") == 1  # more than the ladder offers: the last rung
+    assert R.ladder_start(("reset_gpu", "reboot"), "none") == 0
+
+
+def test_next_step_asks_lemon_then_escalation_then_attempts_then_the_ladder():
+    past = [(NOW - k * D, "gpu_memory") for k in (2, 5, 9)]
+    many = [(NOW - k * D, "reboot") for k in (1, 2, 3, 4, 5)]
+    assert R.next_step(case(node(history=hist(past=past, repairs=many)), booked=True))[1] == "lemon"
+    assert R.next_step(case(node(history=hist(repairs=many)), booked=True))[1] == "escalate_repairs"
+    assert R.next_step(case(node(history=hist()), booked=True))[1] == "ladder"
+
+
+# --- 10. the step ----------------------------------------------------------------------------------------------
+def test_budget_waits_until_a_slot_frees():
+    used = hist(repairs=[(NOW - 3 * H, "reboot"), (NOW - 2 * H, "reset_gpu"), (NOW - H, "reset_gpu")])
+    d = R.budget(case(node(history=used), booked=True), "reboot")
+    assert (d.rule, d.earliest) == ("budget", NOW - 3 * H + D)
+    assert R.budget(case(node(history=hist()), booked=True), "reboot") is None
+
+
+def test_blast_radius_holds_a_step_over_the_limits():
+    c = case(node(history=hist()), fl=fleet(total=8, unavailable=7), booked=True)  # below min_healthy 25 %
+    assert R.blast_radius(c, "reset_gpu").rule == "blast_radius"
+    assert R.blast_radius(case(node(history=hist()), booked=True), "reset_gpu") is None
+
+
+def test_start_step_writes_the_intent_calls_the_hook_and_takes_a_spare():
+    c = case(node(history=hist()), booked=True)
+    d = R.start_step(c, "replace", "ladder", "why")
+    after = loads(d.history_after)
+    assert after.incident.pending().action == "replace" and after.incident.hooks == ["replace"]
+    assert d.hook.idempotency_key == R.hook_key("node2", f"1@{NOW - H}", "replace")
+    assert d.spare.spare == "spare1" and c.limits.parallel == 1 and d.runnable
+    assert loads(d.history).incident.pending() is None  # the bookkeeping history has no intent
+
+
+def test_gate_waits_for_approval_of_a_changing_action():
+    config = RepairConfig.from_dict({"modes": {"default": "approval"}})
+    d = R.start_step(case(node(history=hist()), config=config, booked=True), "reset_gpu", "ladder", "why")
+    assert d.needs_approval and not d.runnable and "[waiting for approval node2:reset_gpu:1]" in d.reason
+    c = case(node(history=hist()), config=config, approved={("node2", "reset_gpu", "1")}, booked=True)
+    d = R.start_step(c, "reset_gpu", "ladder", "why")
+    assert d.approved and d.runnable
+
+
+def test_decide_runs_the_rules_in_order():
+    assert R.decide(case(node(reason="bios", history=hist()))).rule == "not_ours"
+    assert R.decide(case(node(history=hist(t0=NOW - 60)), brk=TRIPPED)).rule == "breaker"  # breaker before ttl
+    assert R.decide(case(node(history=hist()))).rule == "ladder"
+    names = [r.__name__ for r in R.BEFORE_BOOKING + R.WAITING + R.NEXT_STEP_RULES + R.STEP_LIMITS]
+    assert names == ["foreign_history", "not_ours", "no_report", "in_progress", "drain_requested", "healthy",
+                     "degraded_monitor", "escalated", "breaker", "ttl", "drain", "draining", "cooldown", "lemon",
+                     "escalate_repairs", "incident_attempts", "budget", "blast_radius"]
+
+
+# --- the limits, in one place ----------------------------------------------------------------------------------
+def test_limits_arithmetic():
+    assert breaker_threshold(CONFIG, 100) == 50 and breaker_threshold(CONFIG, 2) == 3  # min_nodes 3
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import Limit
+
+    assert limit_of(Counts(10, 10, 0), Limit(share=0.01)) == 1  # a share never rounds below one node
+    assert limit_of(Counts(10, 10, 0), Limit(count=0)) == 0
+    h = loads(hist(repairs=[(NOW - 3 * H, "reboot"), (NOW - 2 * H, "reboot"), (NOW - H, "reboot")]))
+    assert budget_free_at(h, CONFIG, NOW) == NOW - 3 * H + D
+    assert budget_free_at(h, CONFIG, NOW + D) is None
+
+
+def test_limits_count_drains_and_repairs_of_one_plan():
+    lim = Limits(FleetSummary.from_dict(fleet(total=8, unavailable=0)), RepairConfig.from_dict(
+        {"blast_radius": {"max_unavailable": 2, "min_healthy": 0, "max_parallel": 1}}))
+    a, b = NodeState.from_dict(in_service("a")), NodeState.from_dict(in_service("b"))
+    assert lim.drain_block(a) is None
+    lim.take_drain(a)
+    lim.take_drain(b)
+    assert "3 nodes unavailable in partition gpu (limit 2)" in lim.drain_block(a)
+    assert lim.repair_block(a) is None
+    lim.take_active(a, started_now=True)
+    assert "max_parallel 1" in lim.repair_block(b) or "under repair" in lim.repair_block(b)
+    lim.release(a)
+    assert lim.active[("partition", "gpu")] == 0
+
+
+@pytest.mark.parametrize("state, flags, out, busy", [
+    ("IDLE", (), False, False), ("idle", ("DRAIN",), True, False), ("MIXED+DRAIN", (), True, True),
+    ("drained", (), True, False), ("draining", (), True, True), ("down*", (), True, False),
+    ("allocated", (), False, True), ("IDLE", ("COMPLETING",), False, True), ("fail", (), True, False),
+])
+def test_node_state_applies_the_owner_rules(state, flags, out, busy):
+    n = NodeState.from_dict({"name": "n", "partition": "gpu", "state": state, "flags": list(flags),
+                             "reason": "gpufleet: x"})
+    assert (n.out_of_service, n.busy) == (out, busy)
+    assert n.drained_by("gpufleet:") == out and (n.foreign("gpufleet:") is None)
+    other = NodeState.from_dict({"name": "n", "partition": "gpu", "state": state, "flags": list(flags),
+                                 "reason": "bios"})
+    assert other.drained_by("gpufleet:") is False and (other.foreign("gpufleet:") is not None) == out
+
+
+# --- typed inputs ----------------------------------------------------------------------------------------------
+def test_plan_on_typed_inputs_equals_plan_on_dicts_and_changes_no_input():
+    recs = [node("n1", history=hist(steps=[("reset_gpu", NOW - 700, None)])), in_service("n2"),
+            node("n3", rep=HEALTHY, history=hist(steps=[("reboot", NOW - 900, "ok")])),
+            node("n4", history="not ours"), node("n5", history='{"gf":1,"i":'), node("n6", reason="bios")]
+    fl = fleet(total=16, unavailable=4)
+    typed = [NodeState.from_dict(r, i) for i, r in enumerate(recs)]
+    before = [(t.history.copy() if t.history is not None else None) for t in typed]
+    a = plan(fl, recs, CONFIG, NOW)
+    b = plan(FleetSummary.from_dict(fl), typed, CONFIG, NOW)
+    assert [d.to_dict() for d in a] == [d.to_dict() for d in b]
+    assert [t.history for t in typed] == before  # plan() worked on copies
+    assert {d.node: d.rule for d in b} == {"n1": "ladder", "n2": "ttl", "n3": "healthy_resume",
+                                           "n4": "foreign_history", "n5": "history_unreadable", "n6": "not_ours"}
+    assert (typed[3].history_foreign, typed[4].history_error is not None, typed[1].history_empty) == (True, True, True)
+    # a decision's history is a History object; its text is the stored form
+    d = next(d for d in b if d.node == "n3")
+    assert d.history_after == json.dumps(json.loads(d.history_after), separators=(",", ":"), sort_keys=True)
+    assert loads(d.history_after) == d.hist_after
