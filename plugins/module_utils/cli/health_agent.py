@@ -253,7 +253,7 @@ def _shout(message: str) -> None:
 
 # ------------------------------------------------------------------ record
 def record(directory: str, snap: Snapshot, kernel_text: str, report: Report, deadline: float) -> str:
-    from .. import nvml
+    from .. import nvml_fake  # --record also writes the snapshot as a fake NVML config (a replayable fixture)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     host = _hostname()
     out = os.path.join(directory, f"{host}-{stamp}")
@@ -263,7 +263,7 @@ def record(directory: str, snap: Snapshot, kernel_text: str, report: Report, dea
     atomic_write(os.path.join(out, "snapshot.json"),
                  json.dumps({"_comment": header, "snapshot": snap.to_dict()}, indent=1, sort_keys=True))
     atomic_write(os.path.join(out, "fake-nvml.json"),
-                 json.dumps(nvml.fake_config_from_snapshot(snap), indent=1, sort_keys=True))
+                 json.dumps(nvml_fake.fake_config_from_snapshot(snap), indent=1, sort_keys=True))
     atomic_write(os.path.join(out, "kmsg.log"),
                  f"# {header}\n# content: kernel log records as read (raw /dev/kmsg format)\n"
                  f"# ---- verbatim below this line ----\n{kernel_text}")
