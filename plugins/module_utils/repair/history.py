@@ -51,6 +51,9 @@ class HistoryError(RepairError):
 
 @dataclass
 class Step:
+    """One step of an incident. History never changes a Step in place (finish() puts a new one in its place), so
+    copies of a history share their Steps."""
+
     action: str
     started: int
     outcome: Optional[str] = None  # None (pending), "ok", "failed", "timeout"
@@ -119,7 +122,7 @@ class History:
         step = self.incident.pending() if self.incident else None
         if step is None:
             return False
-        step.outcome = outcome
+        self.incident.steps[-1] = Step(step.action, step.started, outcome)
         return True
 
     def retract(self, step: Step) -> None:
@@ -185,7 +188,7 @@ class History:
             code=inc.code[:MAX_CODE],
             gpu=inc.gpu,
             first_seen=inc.first_seen,
-            steps=[Step(s.action, s.started, s.outcome) for s in inc.steps],
+            steps=list(inc.steps),  # Steps are never changed in place
             escalated=inc.escalated,
             spare=inc.spare or None,
             hooks=list(inc.hooks),

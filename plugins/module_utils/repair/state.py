@@ -167,7 +167,10 @@ class NodeState:
 
     def foreign(self, prefix: str) -> Optional[str]:
         """None when we may act on the node; else why not (out of service with a reason that is not ours)."""
-        return owner.foreign_reason(self.state, self.flags, self.reason, prefix, out=self.out_of_service)
+        out = self.out_of_service
+        if not out and prefix:
+            return None  # in service: nobody's
+        return owner.foreign_reason(self.state, self.flags, self.reason, prefix, out=out)
 
     def drained_by(self, prefix: str) -> bool:
         """Out of service with a reason that starts with ``prefix``: we took it out."""
