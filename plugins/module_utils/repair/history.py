@@ -119,10 +119,11 @@ class History:
         """Set the outcome of the pending step. Returns False when no step was pending."""
         if outcome not in OUTCOME_CODES:
             raise HistoryError("outcome: expected one of {}, got {!r}".format(", ".join(OUTCOME_CODES), outcome))
-        step = self.incident.pending() if self.incident else None
-        if step is None:
+        inc = self.incident
+        step = inc.pending() if inc is not None else None
+        if inc is None or step is None:
             return False
-        self.incident.steps[-1] = Step(step.action, step.started, outcome)
+        inc.steps[-1] = Step(step.action, step.started, outcome)
         return True
 
     def retract(self, step: Step) -> None:
