@@ -8,7 +8,7 @@ can point it at a captured tree.
 from __future__ import annotations
 
 import os
-from typing import Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from .health.model import Disk, IbPort, Mount, Snapshot
 
@@ -77,10 +77,10 @@ def disks(paths: Iterable[str]) -> List[Disk]:
     return out
 
 
-def memory(meminfo: str = "/proc/meminfo"):
+def memory(meminfo: str = "/proc/meminfo") -> Tuple[Optional[int], Optional[int]]:
     """(total, available) bytes from /proc/meminfo, or (None, None)."""
     text = _read(meminfo)
-    vals = {}
+    vals: Dict[str, int] = {}
     for line in (text or "").splitlines():
         key, _sep, rest = line.partition(":")
         try:

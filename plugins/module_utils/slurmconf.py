@@ -27,12 +27,13 @@ import os
 import re
 import shutil
 import time
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .fileutil import atomic_write
 
 KINDS = ("slurm", "gres", "cgroup")
 
-RECORD_KEYS = {
+RECORD_KEYS: Dict[str, Tuple[str, ...]] = {
     "slurm": ("nodename", "partitionname", "nodeset", "downnodes", "frontendname"),
     "gres": ("nodename", "name"),
     "cgroup": (),
@@ -49,7 +50,7 @@ class SlurmConfError(ValueError):
 class ParseError(SlurmConfError):
     """A line that Slurm would not accept. ``lineno`` is 1-based."""
 
-    def __init__(self, lineno, line, problem, path=None):
+    def __init__(self, lineno: int, line: str, problem: str, path: Optional[str] = None) -> None:
         self.lineno = lineno
         self.line = line
         self.problem = problem
@@ -61,7 +62,7 @@ class ParseError(SlurmConfError):
 class ValidationError(SlurmConfError):
     """A value that does not fit what Slurm expects for its key."""
 
-    def __init__(self, key, value, expected, where=None):
+    def __init__(self, key: str, value: Any, expected: str, where: Optional[str] = None) -> None:
         self.key = key
         self.value = value
         self.expected = expected
@@ -73,10 +74,24 @@ class ValidationError(SlurmConfError):
 # value types
 
 
-def _int(lo=0, hi=None):
+class Check:
+    """A value checker: returns the value's text as Slurm reads it, raises ValueError(what is expected) otherwise.
+    ``kind`` says how two checked values compare (values_equal)."""
+
+    __slots__ = ("kind", "func")
+
+    def __init__(self, kind: str, func: Callable[[Any], str]) -> None:
+        self.kind = kind
+        self.func = func
+
+    def __call__(self, value: Any) -> str:
+        return self.func(value)
+
+
+def _int(lo: int = 0, hi: Optional[int] = None) -> Check:
     expected = f"an integer >= {lo}" + ("" if hi is None else f" and <= {hi}")
 
-    def check(value):
+    def check(value: Any) -> str:
         text = str(value).strip()
         if not re.fullmatch(r"[0-9]+", text):
             raise ValueError(expected)
@@ -85,13 +100,13 @@ def _int(lo=0, hi=None):
             raise ValueError(expected)
         return str(number)
 
-    check.kind = "int"
-    return check
+    return Check("int", check)
 
 
-def _float(lo=0.0, hi=None):
-    def check(value):
+def _float(lo: float = 0.0, hi: Optional[float] = None) -> Check:
+    def check(value: Any) -> str:
         text = str(value).strip()
+        number: Optional[float]
         try:
             number = float(text)
         except ValueError:
@@ -100,14 +115,13 @@ def _float(lo=0.0, hi=None):
             raise ValueError("a number >= {:g}{}".format(lo, "" if hi is None else f" and <= {hi:g}"))
         return text
 
-    check.kind = "float"
-    return check
+    return Check("float", check)
 
 
-def _yesno(upper):
+def _yesno(upper: bool) -> Check:
     words = {"yes": True, "no": False, "true": True, "false": False, "1": True, "0": False}
 
-    def check(value):
+    def check(value: Any) -> str:
         if isinstance(value, bool):
             flag = value
         else:
@@ -118,14 +132,13 @@ def _yesno(upper):
         word = "yes" if flag else "no"
         return word.upper() if upper else word
 
-    check.kind = "bool"
-    return check
+    return Check("bool", check)
 
 
-def _enum(choices, many=False):
+def _enum(choices: Sequence[str], many: bool = False) -> Check:
     lookup = {c.lower(): c for c in choices}
 
-    def check(value):
+    def check(value: Any) -> str:
         items = value if isinstance(value, (list, tuple)) else str(value).split(",") if many else [str(value)]
         out = []
         for item in items:
@@ -139,12 +152,11 @@ def _enum(choices, many=False):
             raise ValueError(("a comma-separated list of " if many else "one of ") + ", ".join(choices))
         return ",".join(out)
 
-    check.kind = "enum_list" if many else "enum"
-    return check
+    return Check("enum_list" if many else "enum", check)
 
 
-def _path(listsep=None):
-    def check(value):
+def _path(listsep: Optional[str] = None) -> Check:
+    def check(value: Any) -> str:
         text = str(value).strip()
         parts = text.split(listsep) if listsep else [text]
         for part in parts:
@@ -154,11 +166,10 @@ def _path(listsep=None):
                 )
         return text
 
-    check.kind = "path"
-    return check
+    return Check("path", check)
 
 
-def _exit_codes(value):
+def _check_exit_codes(value: Any) -> str:
     items = value if isinstance(value, (list, tuple)) else str(value).split(",")
     out = []
     for item in items:
@@ -173,10 +184,10 @@ def _exit_codes(value):
     return ",".join(out)
 
 
-_exit_codes.kind = "exit_codes"
+_exit_codes = Check("exit_codes", _check_exit_codes)
 
 
-def _port(value):
+def _check_port(value: Any) -> str:
     text = str(value).strip()
     match = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", text)
     if not match or not 1 <= int(match.group(1)) <= 65535 or (
@@ -185,10 +196,10 @@ def _port(value):
     return text
 
 
-_port.kind = "int"
+_port = Check("int", _check_port)
 
 
-def _node_ports(value):
+def _check_node_ports(value: Any) -> str:
     """Port= of a NodeName line: one port, or for a hostlist of nodes a list like [6818-6821,6830]."""
     text = str(value).strip()
     inner = text[1:-1] if text.startswith("[") and text.endswith("]") else text
@@ -200,23 +211,24 @@ def _node_ports(value):
     return text
 
 
-_node_ports.kind = "int"
+_node_ports = Check("int", _check_node_ports)
 
 
-def _count(value):
+def _check_count(value: Any) -> str:
     text = str(value).strip()
     if not re.fullmatch(r"[0-9]+[KMGTPkmgtp]?", text):
         raise ValueError("a count (integer, optionally with suffix K, M, G, T or P)")
     return text
 
 
-_count.kind = "count"
+_count = Check("count", _check_count)
 
 _HEALTH_STATES = ("ALLOC", "ANY", "CYCLE", "IDLE", "MIXED", "NONDRAINED_IDLE")
 _PROLOG_FLAGS = ("Alloc", "Contain", "DeferBatch", "ForceRequeueOnFail", "NoHold", "RunInJob", "Serial", "X11")
 
 # Known global keys per kind: lower-case key -> (spelling, validator). Unknown keys are accepted as written.
-GLOBAL_KEYS = {
+KeyInfo = Tuple[str, Optional[Check]]  # (spelling, validator or None)
+GLOBAL_KEYS: Dict[str, Dict[str, KeyInfo]] = {
     "slurm": {
         "healthcheckprogram": ("HealthCheckProgram", _path()),
         "healthcheckinterval": ("HealthCheckInterval", _int()),
@@ -315,7 +327,7 @@ GLOBAL_KEYS = {
 }
 
 # Known keys on record lines: (kind, record key) -> {lower key: (spelling, validator)}
-RECORD_ATTRS = {
+RECORD_ATTRS: Dict[Tuple[str, str], Dict[str, KeyInfo]] = {
     ("slurm", "nodename"): {
         "nodename": ("NodeName", None),
         "nodeaddr": ("NodeAddr", None),
@@ -367,7 +379,7 @@ RECORD_ATTRS = {
 # What a change needs before it takes effect. Sources: slurm.conf(5), gres.conf(5) and scontrol(1) of Slurm
 # 22.05 ("A restart of slurmctld [and slurmd] is required for changes to this parameter to take effect"),
 # plus AuthAltTypes/AuthAltParameters (measured in the lab: slurmctld loads auth plugins only at start).
-RESTART_KEYS = {
+RESTART_KEYS: Dict[str, FrozenSet[str]] = {
     "slurm": frozenset((
         "accountingstorageenforce", "accountingstoragetype", "authtype", "authalttypes", "authaltparameters",
         "authinfo", "backupaddr", "backupcontroller", "controladdr", "controlmachine", "corespecplugin",
@@ -390,23 +402,26 @@ RESTART_RECORDS = {("slurm", "nodename"), ("slurm", "frontendname"), ("slurm", "
 # From Slurm 23.11 on, scontrol(1): "this command operates by creating new processes for the daemons ... This
 # will not be able to change the daemons' listening TCP port settings or authentication mechanism."
 RECONFIGURE_RESTARTS_FROM = (23, 11)
-RESTART_KEYS_2311 = {
+RESTART_KEYS_2311: Dict[str, FrozenSet[str]] = {
     "slurm": frozenset(("slurmctldport", "slurmdport", "slurmctldhost", "controlmachine", "controladdr",
                         "backupcontroller", "backupaddr", "authtype", "authalttypes", "authaltparameters",
                         "authinfo")),
     "gres": frozenset(),
     "cgroup": frozenset(),
 }
-RESTART_RECORD_KEYS_2311 = {("slurm", "nodename"): frozenset(("port",))}
+RESTART_RECORD_KEYS_2311: Dict[Tuple[str, str], FrozenSet[str]] = {("slurm", "nodename"): frozenset(("port",))}
 
 
-def parse_version(text):
+Version = Tuple[int, int]
+
+
+def parse_version(text: Any) -> Optional[Version]:
     """(major, minor) from '24.11.5', 'slurm 22.05.8' or 'slurm-wlm 24.11.5'; None when there is none."""
     match = re.search(r"(\d+)\.(\d+)", str(text or ""))
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
-def known_key(kind, key, record=None):
+def known_key(kind: str, key: str, record: Optional[str] = None) -> Optional[KeyInfo]:
     """(spelling, validator) of a known key, or None."""
     table = RECORD_ATTRS.get((kind, record), {}) if record else GLOBAL_KEYS.get(kind, {})
     return table.get(key.lower())
@@ -415,7 +430,7 @@ def known_key(kind, key, record=None):
 _KEY = re.compile(r"[A-Za-z0-9_]+\Z")
 
 
-def check_key(key, where=None):
+def check_key(key: Any, where: Optional[str] = None) -> str:
     """A key as Slurm's reader accepts it (letters, digits, underscore)."""
     if not isinstance(key, str) or not _KEY.match(key):
         prefix = f"{where}: " if where else ""
@@ -423,12 +438,13 @@ def check_key(key, where=None):
     return key
 
 
-def canonical_key(kind, key, record=None):
+def canonical_key(kind: str, key: str, record: Optional[str] = None) -> str:
     info = known_key(kind, key, record)
     return info[0] if info else key
 
 
-def normalize_value(kind, key, value, record=None, where=None):
+def normalize_value(kind: str, key: str, value: Any, record: Optional[str] = None,
+                    where: Optional[str] = None) -> str:
     """Validate ``value`` for ``key`` and return its text as it will be written.
 
     Raises ValidationError naming the key and what was expected.
@@ -454,7 +470,7 @@ def normalize_value(kind, key, value, record=None, where=None):
     return text
 
 
-def _check_writable(key, text, where=None):
+def _check_writable(key: str, text: str, where: Optional[str] = None) -> None:
     if "\n" in text or "\r" in text:
         raise ValidationError(key, text, "a value on one line", where)
     if '"' in text:
@@ -465,7 +481,7 @@ def _check_writable(key, text, where=None):
         raise ValidationError(key, text, "a value that does not end with '\\' (a line continuation)", where)
 
 
-def values_equal(kind, key, a, b, record=None):
+def values_equal(kind: str, key: str, a: Any, b: Any, record: Optional[str] = None) -> bool:
     """Compare two written values the way Slurm reads them for known keys (case, order of flag lists)."""
     if a == b:
         return True
@@ -486,7 +502,7 @@ def values_equal(kind, key, a, b, record=None):
     return na == nb
 
 
-def _quote(text):
+def _quote(text: str) -> str:
     return f'"{text}"' if (text == "" or re.search(r"\s", text)) else text
 
 
@@ -500,13 +516,13 @@ _PAIR = re.compile(r'([A-Za-z0-9_]+)[ \t\v\f\r\n]*=[ \t\v\f\r\n]*("[^"]*"|[^ \t\
 _INCLUDE = re.compile(r"[ \t\v\f\r\n]*include[ \t\v\f\r\n]", re.IGNORECASE)
 
 
-def _split_eol(line):
+def _split_eol(line: str) -> Tuple[str, str]:
     """(text, line ending) of a physical line; like Slurm's _strip_cr_nl, trailing CR and LF are the ending."""
     match = _EOL.search(line)
     return (line[: match.start()], match.group(0)) if match else (line, "")
 
 
-def split_lines(text):
+def split_lines(text: str) -> List[str]:
     """Physical lines with their endings, split on LF only (as fgets does)."""
     parts = text.split("\n")
     lines = [part + "\n" for part in parts[:-1]]
@@ -515,7 +531,7 @@ def split_lines(text):
     return lines
 
 
-def _comment_start(body):
+def _comment_start(body: str) -> int:
     """Index where the comment starts (len(body) if none), as Slurm's _strip_comments does."""
     backslashes = 0
     for index, char in enumerate(body):
@@ -525,7 +541,7 @@ def _comment_start(body):
     return len(body)
 
 
-def _continuation(code):
+def _continuation(code: str) -> int:
     """For the code part of a physical line: index of the continuation backslash, or -1."""
     end = len(code)
     while end > 0 and code[end - 1] in _WS:
@@ -541,24 +557,24 @@ class Pair:
 
     __slots__ = ("key", "value", "quoted", "start", "vstart", "end")
 
-    def __init__(self, key, value, quoted, start, vstart, end):
+    def __init__(self, key: str, value: str, quoted: bool, start: int, vstart: int, end: int) -> None:
         self.key, self.value, self.quoted = key, value, quoted
         self.start, self.vstart, self.end = start, vstart, end
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Pair({self.key!r}, {self.value!r})"
 
 
 class Entry:
     """A logical line: one or more physical lines joined by continuations."""
 
-    def __init__(self, lines, lineno):
+    def __init__(self, lines: Sequence[str], lineno: int) -> None:
         self.lines = list(lines)  # physical lines, each with its line ending
         self.lineno = lineno  # 1-based number of the first physical line
         self.parse()
 
     # the logical code text and how it maps back to physical lines
-    def _segments(self):
+    def _segments(self) -> List[Tuple[int, int, int]]:
         segments = []  # (physical index, start, end) of code text that is part of the logical line
         for index, line in enumerate(self.lines):
             body, _eol = _split_eol(line)
@@ -570,12 +586,12 @@ class Entry:
                 segments.append((index, 0, len(code)))
         return segments
 
-    def parse(self):
+    def parse(self) -> None:
         segments = self._segments()
         self.code = "".join(self.lines[i][s:e] for i, s, e in segments)
         self._segs = segments
-        self.pairs = []
-        self.include = None
+        self.pairs: List[Pair] = []
+        self.include: Optional[str] = None
         stripped = self.code.strip()
         if not stripped:
             self.type = "blank" if not any(_split_eol(line)[0].strip() for line in self.lines) else "comment"
@@ -604,7 +620,7 @@ class Entry:
         if not self.pairs:  # pragma: no cover - the loop either finds pairs or raises
             raise ParseError(self.lineno, self.lines[0], "expected Key=Value")
 
-    def physical_of(self, offset):
+    def physical_of(self, offset: int) -> int:
         base = 0
         for index, start, end in self._segs:
             if offset < base + (end - start):
@@ -612,10 +628,10 @@ class Entry:
             base += end - start
         return self._segs[-1][0]
 
-    def head(self):
+    def head(self) -> Optional[str]:
         return self.pairs[0].key.lower() if self.pairs else None
 
-    def get(self, key):
+    def get(self, key: str) -> Optional[str]:
         """Value of ``key`` on this line (last occurrence), or None."""
         found = None
         for pair in self.pairs:
@@ -623,19 +639,21 @@ class Entry:
                 found = pair.value
         return found
 
-    def find(self, key):
+    def find(self, key: str) -> Optional[Pair]:
         found = None
         for pair in self.pairs:
             if pair.key.lower() == key.lower():
                 found = pair
         return found
 
-    def replace(self, start, end, text):
+    def replace(self, start: int, end: int, text: str) -> None:
         """Replace logical code span [start, end) with ``text`` and parse the line again.
 
         The text goes into the physical line that holds ``start``; parts of the span on later physical lines
         are cut out of those lines, so continuations and comments stay where they are."""
-        target, candidate, base = None, None, 0
+        target: Optional[int] = None
+        candidate: Optional[int] = None
+        base = 0
         for number, (_index, seg_start, seg_end) in enumerate(self._segs):
             length = seg_end - seg_start
             if base <= start < base + length:
@@ -668,7 +686,7 @@ class Entry:
             self.parse()
             raise
 
-    def render(self):
+    def render(self) -> str:
         return "".join(self.lines)
 
 
@@ -676,7 +694,7 @@ class Entry:
 # the file
 
 
-def guess_kind(path):
+def guess_kind(path: Any) -> Optional[str]:
     """slurm, gres or cgroup from a file name (slurm.conf, gres.conf, cgroup.conf), else None."""
     name = os.path.basename(str(path)).lower()
     for kind in KINDS:
@@ -688,15 +706,17 @@ def guess_kind(path):
 class ConfFile:
     """A parsed configuration file that can be edited and rendered back."""
 
-    def __init__(self, text="", kind="slurm", path=None, validate=True):
+    def __init__(self, text: str = "", kind: str = "slurm", path: Optional[str] = None,
+                 validate: bool = True) -> None:
         if kind not in KINDS:
             raise SlurmConfError("kind must be one of {}, got {!r}".format(", ".join(KINDS), kind))
         self.kind = kind
         self.path = path
         self.validate = validate
         self.original = text
-        self.entries = []
-        self.changes = []  # (scope, name, key) tuples; scope is "global" or a record key
+        self.entries: List[Entry] = []
+        # (scope, name, key) tuples; scope is "global" or a record key
+        self.changes: List[Tuple[str, Optional[str], Optional[str]]] = []
         physical = split_lines(text)
         index = 0
         while index < len(physical):
@@ -718,7 +738,7 @@ class ConfFile:
             self.check()
 
     @classmethod
-    def load(cls, path, kind=None, validate=True):
+    def load(cls, path: str, kind: Optional[str] = None, validate: bool = True) -> ConfFile:
         kind = kind or guess_kind(path)
         if kind is None:
             raise SlurmConfError(
@@ -727,23 +747,23 @@ class ConfFile:
             return cls(handle.read(), kind, path=path, validate=validate)
 
     # ------------------------------------------------------------------ reading
-    def render(self):
+    def render(self) -> str:
         return "".join(entry.render() for entry in self.entries)
 
     @property
-    def changed(self):
+    def changed(self) -> bool:
         return self.render() != self.original
 
-    def _is_record(self, entry):
+    def _is_record(self, entry: Entry) -> bool:
         return entry.type == "pairs" and entry.head() in RECORD_KEYS[self.kind]
 
-    def global_pairs(self):
+    def global_pairs(self) -> Iterator[Tuple[Entry, Pair]]:
         for entry in self.entries:
             if entry.type == "pairs" and not self._is_record(entry):
                 for pair in entry.pairs:
                     yield entry, pair
 
-    def get(self, key):
+    def get(self, key: str) -> Optional[str]:
         """Effective value of a global key (its last occurrence), or None."""
         found = None
         for _entry, pair in self.global_pairs():
@@ -751,24 +771,25 @@ class ConfFile:
                 found = pair.value
         return found
 
-    def get_all(self, key):
+    def get_all(self, key: str) -> List[str]:
         return [pair.value for _entry, pair in self.global_pairs() if pair.key.lower() == key.lower()]
 
-    def settings(self):
+    def settings(self) -> Dict[str, str]:
         """Effective global settings: {key as first written: value}."""
-        out, names = {}, {}
+        out: Dict[str, str] = {}
+        names: Dict[str, str] = {}
         for _entry, pair in self.global_pairs():
             name = names.setdefault(pair.key.lower(), pair.key)
             out[name] = pair.value
         return out
 
-    def includes(self):
+    def includes(self) -> List[Optional[str]]:
         return [entry.include for entry in self.entries if entry.type == "include"]
 
-    def outline(self):
+    def outline(self) -> List[Tuple[str, Optional[str]]]:
         """The global settings and Include lines in file order: [(key, value)], keys spelt as Slurm documents
         them, ``("Include", target)`` for an Include line. Record lines (NodeName=...) are left out."""
-        out = []
+        out: List[Tuple[str, Optional[str]]] = []
         for entry in self.entries:
             if entry.type == "include":
                 out.append(("Include", entry.include))
@@ -776,12 +797,12 @@ class ConfFile:
                 out.extend((canonical_key(self.kind, pair.key), pair.value) for pair in entry.pairs)
         return out
 
-    def records(self, head=None):
+    def records(self, head: Optional[str] = None) -> Iterator[Entry]:
         for entry in self.entries:
             if self._is_record(entry) and (head is None or entry.head() == head.lower()):
                 yield entry
 
-    def _record_matches(self, entry, head, ident):
+    def _record_matches(self, entry: Entry, head: str, ident: Mapping[str, Optional[str]]) -> bool:
         if entry.head() != head:
             return False
         for key, value in ident.items():
@@ -793,17 +814,17 @@ class ConfFile:
                 return False
         return True
 
-    def find_records(self, head, ident):
+    def find_records(self, head: str, ident: Mapping[str, Optional[str]]) -> List[Entry]:
         head = head.lower()
         return [e for e in self.records(head) if self._record_matches(e, head, ident)]
 
-    def record_identity(self, head, attrs):
+    def record_identity(self, head: str, attrs: Mapping[str, Any]) -> Dict[str, Optional[str]]:
         """The keys that identify a record line: its head key, and for gres.conf also Name and Type."""
         head = head.lower()
         lowered = {k.lower(): (k, v) for k, v in attrs.items()}
         if head not in lowered or lowered[head][1] in (None, ""):
             raise ValidationError(canonical_key(self.kind, head, head), None, "the record's name")
-        ident = {canonical_key(self.kind, head, head): str(lowered[head][1])}
+        ident: Dict[str, Optional[str]] = {canonical_key(self.kind, head, head): str(lowered[head][1])}
         if self.kind == "gres":
             for extra in ("name", "type"):
                 if extra != head:
@@ -812,7 +833,7 @@ class ConfFile:
         return ident
 
     # ------------------------------------------------------------------ checking
-    def check(self):
+    def check(self) -> None:
         """Validate every known value in the file; raise ValidationError with the line number."""
         for entry in self.entries:
             if entry.type != "pairs":
@@ -829,13 +850,13 @@ class ConfFile:
                         raise ValidationError(pair.key, pair.value, str(exc), where)
 
     # ------------------------------------------------------------------ editing
-    def _new_entry(self, text, before=None, after=None):
-        if after is None and before is None:
-            position = len(self.entries)
-        elif after is not None:
+    def _new_entry(self, text: str, before: Optional[Entry] = None, after: Optional[Entry] = None) -> Entry:
+        if after is not None:
             position = self.entries.index(after) + 1
-        else:
+        elif before is not None:
             position = self.entries.index(before)
+        else:
+            position = len(self.entries)
         if position > 0:
             prev = self.entries[position - 1]
             body, eol = _split_eol(prev.lines[-1])
@@ -855,7 +876,7 @@ class ConfFile:
         self._renumber()
         return entry
 
-    def _newline(self):
+    def _newline(self) -> str:
         for entry in self.entries:
             for line in entry.lines:
                 eol = _split_eol(line)[1]
@@ -863,13 +884,13 @@ class ConfFile:
                     return eol
         return "\n"
 
-    def _renumber(self):
+    def _renumber(self) -> None:
         lineno = 1
         for entry in self.entries:
             entry.lineno = lineno
             lineno += len(entry.lines)
 
-    def _remove_pair(self, entry, pair):
+    def _remove_pair(self, entry: Entry, pair: Pair) -> None:
         if len(entry.pairs) == 1:
             self.entries.remove(entry)
             self._renumber()
@@ -885,14 +906,14 @@ class ConfFile:
         else:
             entry.replace(start, pair.end, "")
 
-    def _set_pair(self, entry, pair, text):
+    def _set_pair(self, entry: Entry, pair: Pair, text: str) -> None:
         entry.replace(pair.vstart, pair.end, _quote(text))
 
-    def _append_pair(self, entry, key, text):
+    def _append_pair(self, entry: Entry, key: str, text: str) -> None:
         end = len(entry.code.rstrip(_WS))
         entry.replace(end, end, f" {key}={_quote(text)}")
 
-    def set(self, key, value):
+    def set(self, key: str, value: Any) -> bool:
         """Set a global key. Returns True when the file changed. A list value for SlurmctldHost gives one line
         per item; for other keys a list is joined with commas."""
         check_key(key)
@@ -913,7 +934,7 @@ class ConfFile:
         self.changes.append(("global", None, spelling))
         return True
 
-    def _insert_global(self, line):
+    def _insert_global(self, line: str) -> Entry:
         """Add a global line after the last global setting, else before the first record, else at the end."""
         anchor = None
         for entry, _pair in self.global_pairs():
@@ -922,7 +943,7 @@ class ConfFile:
             return self._new_entry(line, after=anchor)
         return self._new_entry(line, before=next(self.records(), None))
 
-    def _set_multi(self, key, spelling, texts):
+    def _set_multi(self, key: str, spelling: str, texts: List[str]) -> bool:
         found = [(e, p) for e, p in self.global_pairs() if p.key.lower() == key.lower()]
         if [p.value for _e, p in found] == texts:
             return False
@@ -943,7 +964,7 @@ class ConfFile:
         self.changes.append(("global", None, spelling))
         return True
 
-    def remove(self, key):
+    def remove(self, key: str) -> bool:
         """Remove every occurrence of a global key. Returns True when the file changed."""
         check_key(key)
         found = [(e, p) for e, p in self.global_pairs() if p.key.lower() == key.lower()]
@@ -957,10 +978,10 @@ class ConfFile:
         self.changes.append(("global", None, canonical_key(self.kind, key)))
         return True
 
-    def _is_record_key(self, key):
+    def _is_record_key(self, key: str) -> bool:
         return key.lower() in RECORD_KEYS[self.kind]
 
-    def _norm(self, key, value, record=None):
+    def _norm(self, key: str, value: Any, record: Optional[str] = None) -> str:
         if self.validate:
             return normalize_value(self.kind, key, value, record)
         if value is None:
@@ -974,7 +995,7 @@ class ConfFile:
         _check_writable(key, text)
         return text
 
-    def set_record(self, head, attrs, state="present"):
+    def set_record(self, head: str, attrs: Mapping[str, Any], state: str = "present") -> bool:
         """Make a record line (NodeName=..., PartitionName=..., gres NodeName=... Name=gpu ...) present with
         these keys (a value of None removes that key from the line) or absent. Returns True on change."""
         head = head.lower()
@@ -997,7 +1018,7 @@ class ConfFile:
             self._renumber()
             self.changes.append((head, name, None))
             return True
-        texts = {}
+        texts: Dict[str, Optional[str]] = {}
         for key, value in attrs.items():
             if value is None:
                 texts[key] = None
@@ -1009,8 +1030,9 @@ class ConfFile:
             parts = []
             head_first = [k for k in texts if k.lower() == head] + [k for k in texts if k.lower() != head]
             for key in head_first:
-                if texts[key] is not None:
-                    parts.append(f"{canonical_key(self.kind, key, head)}={_quote(texts[key])}")
+                value_text = texts[key]
+                if value_text is not None:
+                    parts.append(f"{canonical_key(self.kind, key, head)}={_quote(value_text)}")
             same = list(self.records(head))
             if same:
                 self._new_entry(" ".join(parts), after=same[-1])
@@ -1027,8 +1049,9 @@ class ConfFile:
             pair = entry.find(key)
             if text is None:
                 if pair is not None:
-                    while entry.find(key) is not None:
-                        self._remove_pair(entry, entry.find(key))
+                    while pair is not None:
+                        self._remove_pair(entry, pair)
+                        pair = entry.find(key)
                     changed_keys.append(key)
             elif pair is None:
                 self._append_pair(entry, canonical_key(self.kind, key, head), text)
@@ -1040,13 +1063,13 @@ class ConfFile:
             self.changes.append((head, name, canonical_key(self.kind, key, head)))
         return bool(changed_keys)
 
-    def _norm_record(self, key, value, head, where):
+    def _norm_record(self, key: str, value: Any, head: str, where: str) -> str:
         if self.validate:
             return normalize_value(self.kind, key, value, head, where)
         return self._norm(key, value)
 
     # ------------------------------------------------------------------ effect of the changes
-    def restart_reasons(self, version=None):
+    def restart_reasons(self, version: Union[None, str, Sequence[int]] = None) -> List[str]:
         """Changed things that need a daemon restart rather than ``scontrol reconfigure``.
 
         ``version`` is the Slurm release ((major, minor) or text such as '24.11.5'). From 23.11 on, reconfigure
@@ -1055,22 +1078,21 @@ class ConfFile:
         if isinstance(version, str):
             version = parse_version(version)
         new_style = version is not None and tuple(version) >= RECONFIGURE_RESTARTS_FROM
-        reasons = []
+        reasons: List[str] = []
         for scope, name, key in self.changes:
-            label = None if scope == "global" else f"{canonical_key(self.kind, scope, scope)}={name}"
+            if scope == "global":
+                restart = RESTART_KEYS_2311 if new_style else RESTART_KEYS
+                if key is not None and key.lower() in restart[self.kind]:
+                    reasons.append(key)
+                continue
+            label = f"{canonical_key(self.kind, scope, scope)}={name}"
             if new_style:
-                if scope == "global" and key.lower() in RESTART_KEYS_2311[self.kind]:
-                    reasons.append(key)
-                elif (scope != "global" and key is not None
-                      and key.lower() in RESTART_RECORD_KEYS_2311.get((self.kind, scope), ())):
+                if key is not None and key.lower() in RESTART_RECORD_KEYS_2311.get((self.kind, scope), ()):
                     reasons.append(f"{label} {key}")
-            elif scope == "global":
-                if key.lower() in RESTART_KEYS[self.kind]:
-                    reasons.append(key)
             elif (self.kind, scope) in RESTART_RECORDS or (
                     self.kind == "gres" and (key is None or key.lower() in RESTART_KEYS["gres"])):
                 reasons.append(label if key is None else f"{label} {key}")
-        out = []
+        out: List[str] = []
         for reason in reasons:
             if reason not in out:
                 out.append(reason)
@@ -1081,12 +1103,12 @@ class ConfFile:
 # writing
 
 
-def backup_name(path, now=None):
+def backup_name(path: str, now: Optional[float] = None) -> str:
     stamp = time.strftime("%Y-%m-%d@%H:%M:%S", time.localtime(now))
     return f"{path}.{os.getpid()}.{stamp}~"
 
 
-def write_atomic(path, text, backup=False):
+def write_atomic(path: str, text: str, backup: bool = False) -> Optional[str]:
     """Write ``text`` to ``path`` through a temporary file in the same directory and os.replace, keeping the
     old file's mode and owner. With ``backup`` the old file is copied first; its name is returned.
 

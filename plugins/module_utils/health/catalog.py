@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .report import ACTION_ORDER, SEVERITIES
 from .xid_catalog_data import (
@@ -98,7 +98,7 @@ class Catalog:
         return entry
 
     @staticmethod
-    def recovery_action(value: int):
+    def recovery_action(value: int) -> Tuple[str, str, str]:
         return RECOVERY_ACTIONS.get(value, (f"unknown recovery action {value}", "warning", "monitor"))
 
 

@@ -112,7 +112,7 @@ class Config:
         return check not in self.skip
 
 
-def _opt_int(v, field, minimum=None):
+def _opt_int(v: Any, field: str, minimum: Optional[int] = None) -> Optional[int]:
     if v is None:
         return None
     if isinstance(v, bool):
@@ -128,7 +128,7 @@ def _opt_int(v, field, minimum=None):
     return iv
 
 
-def _opt_str(v, field):
+def _opt_str(v: Any, field: str) -> Optional[str]:
     if v is None or v == "":
         return None
     if not isinstance(v, str):
@@ -136,7 +136,7 @@ def _opt_str(v, field):
     return v
 
 
-def _mapping(v, field):
+def _mapping(v: Any, field: str) -> Dict[Any, Any]:
     if v is None:
         return {}
     if not isinstance(v, Mapping):

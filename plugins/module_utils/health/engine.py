@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
 from .catalog import Catalog
 from .config import Config
 from .kmsg_parse import parse_kmsg
 from .model import KernelEvent, Snapshot
-from .profiles import build_profiles, profile_for
+from .profiles import GpuProfile, build_profiles, profile_for
 from .report import Report
 from .rules import (
     Ctx,
@@ -40,7 +40,7 @@ def _catalog(cfg: Config) -> Catalog:
     return _DEFAULT_CATALOG
 
 
-def _profiles(cfg: Config):
+def _profiles(cfg: Config) -> Dict[str, GpuProfile]:
     global _DEFAULT_PROFILES
     if cfg.profiles:
         return build_profiles(cfg.profiles)
@@ -57,7 +57,11 @@ def _event_from_state(d: Mapping[str, Any]) -> Optional[KernelEvent]:
         return None
 
 
-def judge(snapshot=None, kmsg_lines=(), config=None, state=None, now: Optional[float] = None) -> Report:
+def judge(snapshot: Union[None, Snapshot, Mapping[str, Any]] = None,
+          kmsg_lines: Union[None, str, bytes, Iterable[Union[str, bytes, KernelEvent]]] = (),
+          config: Union[None, Config, Mapping[str, Any]] = None,
+          state: Union[None, Mapping[str, Any], str, os.PathLike[str]] = None,
+          now: Optional[float] = None) -> Report:
     """Judge one node.
 
     snapshot: Snapshot, its dict form, or None (kernel log only). kmsg_lines: text, lines or KernelEvent objects;

@@ -10,7 +10,7 @@ parser never raises on bad input; lines it does not understand are skipped.
 from __future__ import annotations
 
 import re
-from typing import Iterable, List, Optional, Union
+from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 from .model import KernelEvent, normalize_pci
 
@@ -57,7 +57,9 @@ def _days_from_civil(y: int, m: int, d: int) -> int:
     return era * 146097 + doe - 719468
 
 
-def _epoch(y, mo, d, h, mi, s, frac=None, tz=None) -> Optional[float]:
+def _epoch(y: Union[str, int], mo: Union[str, int], d: Union[str, int], h: Union[str, int],
+           mi: Union[str, int], s: Union[str, int], frac: Optional[str] = None,
+           tz: Optional[str] = None) -> Optional[float]:
     try:
         y, mo, d, h, mi, s = int(y), int(mo), int(d), int(h), int(mi), int(s)
         if not (1970 <= y <= 9999 and 1 <= mo <= 12 and 1 <= d <= 31 and h < 24 and mi < 60 and s < 61):
@@ -74,9 +76,10 @@ def _epoch(y, mo, d, h, mi, s, frac=None, tz=None) -> Optional[float]:
     return t
 
 
-def _times(prefix: str):
+def _times(prefix: str) -> Tuple[Optional[float], Optional[float]]:
     """(monotonic, wallclock) from the text before the NVRM/nvswitch marker."""
-    mono = wall = None
+    mono: Optional[float] = None
+    wall: Optional[float] = None
     m = _MONO_RE.search(prefix)
     if m:
         try:
@@ -95,7 +98,7 @@ def _times(prefix: str):
     return mono, wall
 
 
-def _lines(data) -> Iterable[Line]:
+def _lines(data: Union[None, str, bytes, Iterable[Line]]) -> Iterable[Line]:
     if data is None:
         return ()
     if isinstance(data, bytes):
@@ -107,13 +110,14 @@ def _lines(data) -> Iterable[Line]:
     return data
 
 
-def parse_kmsg(text_or_lines, boot_id: Optional[str] = None, boot_time: Optional[float] = None) -> List[KernelEvent]:
+def parse_kmsg(text_or_lines: Union[None, str, bytes, Iterable[Line]], boot_id: Optional[str] = None,
+               boot_time: Optional[float] = None) -> List[KernelEvent]:
     """Parse kernel-log text (or an iterable of lines / KernelEvent objects) into GPU-relevant events.
 
     ``boot_time`` (epoch seconds) dates records that only carry seconds-since-boot.
     """
     events: List[KernelEvent] = []
-    pending_fob = None  # (pci, mono, wall, seq, lines_left) of "NVRM: The NVIDIA GPU <pci>" awaiting its 3rd line
+    pending_fob: _Pending = None  # a "NVRM: The NVIDIA GPU <pci>" line awaiting its 3rd line
     for item in _lines(text_or_lines):
         if isinstance(item, KernelEvent):
             events.append(item)
@@ -131,9 +135,15 @@ def parse_kmsg(text_or_lines, boot_id: Optional[str] = None, boot_time: Optional
     return events
 
 
-def _parse_line(line: str, pending_fob, boot_id, boot_time):
-    seq = None
-    mono = None
+# a "NVRM: The NVIDIA GPU <pci>" line awaiting the line that says it fell off the bus:
+# (pci, its line, the text before its marker, lines left to wait)
+_Pending = Optional[Tuple[Optional[str], str, str, int]]
+
+
+def _parse_line(line: str, pending_fob: _Pending, boot_id: Optional[str],
+                boot_time: Optional[float]) -> Tuple[Optional[KernelEvent], _Pending]:
+    seq: Optional[int] = None
+    mono: Optional[float] = None
     body = line
     m = _RAW_KMSG_RE.match(line)
     if m:
@@ -159,14 +169,15 @@ def _parse_line(line: str, pending_fob, boot_id, boot_time):
         if m:
             msg = m.group("msg").strip()
             pid = m.group("pid")
-            ev = KernelEvent(kind="xid", raw=line, xid=int(m.group("xid")), pci=normalize_pci(m.group("pci")),
+            xid = int(m.group("xid"))
+            ev = KernelEvent(kind="xid", raw=line, xid=xid, pci=normalize_pci(m.group("pci")),
                              pid=None if pid in (None, "'<unknown>'", "<unknown>") else pid,
                              name=None if m.group("name") in (None, "<unknown>") else m.group("name").strip(),
                              message=msg,
                              gpu_instance=int(m.group("gi")) if m.group("gi") else None,
                              compute_instance=int(m.group("ci")) if m.group("ci") else None)
             sev = _NVL5_SEV_RE.search(msg)
-            if sev and 144 <= ev.xid <= 150:
+            if sev and 144 <= xid <= 150:
                 ev.severity = "Nonfatal" if sev.group(1) != "Fatal" else "Fatal"
             return stamp(ev, body[:idx]), None
     idx = body.find("SXid")
@@ -222,12 +233,12 @@ def recovery_action_of(ev: KernelEvent) -> Optional[int]:
         return None
 
 
-def gpc_tpc_of(ev: KernelEvent):
+def gpc_tpc_of(ev: KernelEvent) -> Optional[Tuple[int, int]]:
     m = _GPC_TPC_RE.search(ev.message or "")
     return (int(m.group("gpc")), int(m.group("tpc"))) if m else None
 
 
-def reset_flags_of(ev: KernelEvent):
+def reset_flags_of(ev: KernelEvent) -> Optional[Tuple[bool, bool]]:
     """Xid 94/95: (reset required, drain-and-reset required) from ``RST: Yes, D-RST: No``; None if absent."""
     m = _RST_RE.search(ev.message or "")
     return (m.group("rst") == "Yes", m.group("drst") == "Yes") if m else None
@@ -237,13 +248,13 @@ def event_time(ev: KernelEvent) -> Optional[float]:
     return ev.wallclock
 
 
-def group_bursts(events: List[KernelEvent], window_s: float = 180.0):
+def group_bursts(events: List[KernelEvent], window_s: float = 180.0) -> List[List[KernelEvent]]:
     """Group events per (kind, pci, code): consecutive events closer than ``window_s`` form one burst.
 
     Undated events (no wall clock) of one key form a single burst. Returns a list of lists, in first-seen order.
     """
-    bursts = []
-    open_by_key = {}
+    bursts: List[List[KernelEvent]] = []
+    open_by_key: Dict[Tuple[str, Optional[str], Optional[int]], List[KernelEvent]] = {}
     for ev in events:
         key = (ev.kind if ev.kind != "fallen_off_bus" else "xid", ev.pci, ev.xid)
         cur = open_by_key.get(key)

@@ -23,7 +23,7 @@ import os
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from .kmsg_parse import parse_kmsg
-from .model import CLOCK_REASON_BITS, PROBE_FAILED, PROBE_TIMEOUT, NvLinkInfo, Snapshot
+from .model import CLOCK_REASON_BITS, PROBE_FAILED, PROBE_TIMEOUT, GpuSnapshot, NvLinkInfo, Snapshot
 from .report import ACTION_ORDER, SEVERITIES, VERDICTS, Report, action_rank
 from .state import atomic_write
 
@@ -50,7 +50,7 @@ def _num(v: Any) -> Optional[str]:
 
 
 class _Writer:
-    def __init__(self):
+    def __init__(self) -> None:
         self.lines: List[str] = []
 
     def metric(self, name: str, help_: str, typ: str, samples: Iterable[Sample], always: bool = False) -> None:
@@ -174,7 +174,7 @@ def _probe(w: _Writer, node: str, snap: Snapshot) -> None:
     w.metric("gpufleet_health_probe_ok", "1 when the GPU probe answered (ok or partial).", "gauge",
              [({"node": node, "source": snap.source or ""}, int(snap.probe_status in ("ok", "partial")))])
     total_ms = snap.probe_durations_ms.get("total") if isinstance(snap.probe_durations_ms, Mapping) else None
-    if _num(total_ms) is not None:
+    if total_ms is not None and _num(total_ms) is not None:
         w.metric("gpufleet_health_probe_duration_seconds", "Wall time of the GPU probe (NVML probes only).", "gauge",
                  [(n, float(total_ms) / 1000.0)])
     w.metric("gpufleet_health_gpus_visible", "GPUs that answered the probe.", "gauge",
@@ -184,7 +184,7 @@ def _probe(w: _Writer, node: str, snap: Snapshot) -> None:
                  [(n, snap.attached_gpus)])
 
 
-def _gpu_labels(node: str, g) -> Dict[str, Any]:
+def _gpu_labels(node: str, g: GpuSnapshot) -> Dict[str, Any]:
     return {"node": node, "gpu": g.index, "pci_bus_id": g.pci or ""}
 
 
@@ -278,7 +278,8 @@ def _counters(w: _Writer, node: str, snap: Optional[Snapshot], counters: Mapping
         xid.append(({"node": node, "gpu": gpu_of.get(pci, ""), "pci_bus_id": pci, "xid": code}, count))
     w.metric("gpufleet_gpu_xid_errors_total", "Xid events in the kernel log by GPU and code since the state file "
              "was created.", "counter", xid, always=True)
-    last = counters.get("xid_last") if isinstance(counters.get("xid_last"), Mapping) else {}
+    last_seen = counters.get("xid_last")
+    last = last_seen if isinstance(last_seen, Mapping) else {}
     w.metric("gpufleet_gpu_xid_last", "Code of the last Xid seen for this GPU (as DCGM_FI_DEV_XID_ERRORS).", "gauge",
              [({"node": node, "gpu": gpu_of.get(pci, ""), "pci_bus_id": pci}, code)
               for pci, code in sorted(last.items())])

@@ -12,7 +12,7 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, cast
 
 # Probe status of a whole snapshot.
 PROBE_OK = "ok"            # every GPU answered
@@ -248,7 +248,7 @@ def _value(ann: str, v: Any, where: str) -> Any:
     return cls.from_dict(v, where) if cls is GpuSnapshot else _build(cls, v, where)
 
 
-def _build(cls, data: Any, where: str):
+def _build(cls: Any, data: Any, where: str) -> Any:
     if not isinstance(data, dict):
         raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -257,7 +257,8 @@ def _build(cls, data: Any, where: str):
         raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}")
     kw = {}
     for name, value in data.items():
-        kw[name] = _value(fields[name].type, value, f"{where}.{name}")
+        # annotations are text here (from __future__ import annotations)
+        kw[name] = _value(cast(str, fields[name].type), value, f"{where}.{name}")
     missing = [n for n, f in fields.items() if n not in kw and f.default is dataclasses.MISSING
                and f.default_factory is dataclasses.MISSING]
     if missing:

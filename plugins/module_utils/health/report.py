@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 ACTION_ORDER = ("none", "monitor", "reset_gpu", "reboot", "reimage", "replace")
 SEVERITIES = ("info", "warning", "critical", "unknown")
@@ -21,7 +21,7 @@ def action_rank(action: str) -> int:
     return ACTION_ORDER.index(action)
 
 
-def strongest_action(actions) -> str:
+def strongest_action(actions: Iterable[str]) -> str:
     best = "none"
     for a in actions:
         if action_rank(a) > action_rank(best):
@@ -43,7 +43,7 @@ class Finding:
     # applies (e.g. a node-level power brake: drain and let a person investigate, do not reset GPUs).
     drain: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
             raise ValueError(f"finding.severity: expected one of {', '.join(SEVERITIES)}, got {self.severity!r}")
         if self.action not in ACTION_ORDER:
@@ -52,7 +52,7 @@ class Finding:
             self.code = self.check
 
     @property
-    def rank(self):
+    def rank(self) -> Tuple[int, int]:
         return (_SEVERITY_RANK[self.severity], action_rank(self.action))
 
     def to_dict(self) -> Dict[str, Any]:

@@ -7,7 +7,7 @@ failure. Counters are judged as rates between this run and the previous one (sta
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from .catalog import Catalog
 from .config import Config
@@ -33,9 +33,11 @@ class Ctx:
         self.new_gpus: Dict[str, Any] = {}
         self.findings: List[Finding] = []
         self.skipped: List[str] = []
+        self.new_state_probe_timeouts = 0  # the probe timeouts in a row, for the next state
 
-    def add(self, check, severity, detail, action="none", code=None, gpu=None, evidence=None, pci=None,
-            drain=False):
+    def add(self, check: str, severity: str, detail: str, action: str = "none", code: Optional[str] = None,
+            gpu: Optional[int] = None, evidence: Optional[List[str]] = None, pci: Optional[str] = None,
+            drain: bool = False) -> None:
         self.findings.append(Finding(check=check, severity=severity, detail=detail, action=action,
                                      code=code or check, gpu=gpu, evidence=list(evidence or [])[:_EVIDENCE_MAX],
                                      pci=pci, drain=drain))
@@ -105,7 +107,7 @@ def check_gpu_count(ctx: Ctx, snap: Snapshot) -> None:
 
 
 # ------------------------------------------------------------------ per GPU
-def _rate(ctx: Ctx, prev: Dict[str, Any], key: str, value: Optional[float], t: float):
+def _rate(ctx: Ctx, prev: Dict[str, Any], key: str, value: Optional[float], t: float) -> Optional[Tuple[float, float]]:
     """(delta, seconds) since the previous run, or None when there is no usable previous value."""
     if value is None:
         return None
@@ -120,7 +122,7 @@ def _rate(ctx: Ctx, prev: Dict[str, Any], key: str, value: Optional[float], t: f
     return delta, dt
 
 
-def check_gpu(ctx: Ctx, snap: Snapshot, g: GpuSnapshot, prof: Optional[GpuProfile], node_throttle: set) -> None:
+def check_gpu(ctx: Ctx, snap: Snapshot, g: GpuSnapshot, prof: Optional[GpuProfile], node_throttle: Set[int]) -> None:
     cfg, t = ctx.cfg, ctx.t
     i, pci = g.index, g.pci
     key = gpu_key(g)
@@ -292,7 +294,7 @@ def _busy(ctx: Ctx, g: GpuSnapshot) -> bool:
     return False  # unknown load: the generation may legitimately be down-trained at idle
 
 
-def _check_temperature(ctx: Ctx, g: GpuSnapshot, i, pci) -> None:
+def _check_temperature(ctx: Ctx, g: GpuSnapshot, i: int, pci: Optional[str]) -> None:
     temp = g.temperature
     if temp is not None and g.temp_shutdown is not None and temp >= g.temp_shutdown - 2:
         ctx.add("temperature", "critical", f"GPU at {temp:.0f} C, shutdown at {g.temp_shutdown:.0f} C", "monitor",
@@ -311,7 +313,7 @@ def _check_temperature(ctx: Ctx, g: GpuSnapshot, i, pci) -> None:
                 "monitor", "memory_temp", i, [f"memory_temp={g.memory_temperature}"], pci)
 
 
-def _throttle_reason(ctx: Ctx, g: GpuSnapshot, prev, new, ts) -> Optional[str]:
+def _throttle_reason(ctx: Ctx, g: GpuSnapshot, prev: Dict[str, Any], new: Dict[str, Any], ts: float) -> Optional[str]:
     """The most specific HW/thermal clocks-event reason active now (bits) or over the window (counters)."""
     active = set(g.clocks_event_reasons or ())
     counters = g.clocks_event_counters_us or {}
@@ -331,12 +333,14 @@ def _throttle_reason(ctx: Ctx, g: GpuSnapshot, prev, new, ts) -> Optional[str]:
     return None
 
 
-def _persist_throttle(ctx, g, prev, new, reason, ts, i, pci, node_throttle) -> None:
+def _persist_throttle(ctx: Ctx, g: GpuSnapshot, prev: Dict[str, Any], new: Dict[str, Any], reason: Optional[str],
+                      ts: float, i: int, pci: Optional[str], node_throttle: Set[int]) -> None:
     if reason is None:
         new["thr_runs"], new["thr_since"] = 0, None
         return
     runs = int(prev.get("thr_runs") or 0) + 1
-    since = prev.get("thr_since") if prev.get("thr_since") is not None else ts
+    prev_since: Optional[float] = prev.get("thr_since")
+    since = prev_since if prev_since is not None else ts
     new["thr_runs"], new["thr_since"] = runs, since
     if g.index in node_throttle:
         return  # reported once for the node
@@ -425,26 +429,29 @@ def check_events(ctx: Ctx, events: List[KernelEvent], pci_to_gpu: Dict[str, GpuS
     sxids = [e for e in events if e.kind == "sxid"]
     rate_limited = {e.pci for e in events if e.kind == "rate_limit"}
 
-    def gpu_of(pci):
-        g = pci_to_gpu.get(pci)
-        return g.index if g is not None else None
+    def gpu_of(pci: Optional[str]) -> Optional[GpuSnapshot]:
+        return pci_to_gpu.get(pci) if pci is not None else None
 
     if cfg.on("xid") and xids:
         bursts = group_bursts(xids, t["burst_window_s"])
-        by_key: Dict[Any, List[List[KernelEvent]]] = {}
+        bursts_by_key: Dict[Tuple[Optional[str], int], List[List[KernelEvent]]] = {}
         for b in bursts:
-            by_key.setdefault((b[0].pci, b[0].xid), []).append(b)
-        codes_by_pci: Dict[Any, set] = {}
-        for (pci, code) in by_key:
+            if b[0].xid is not None:  # always set by the parser; an event without its number has nothing to judge
+                bursts_by_key.setdefault((b[0].pci, b[0].xid), []).append(b)
+        codes_by_pci: Dict[Optional[str], Set[int]] = {}
+        for (pci, code) in bursts_by_key:
             codes_by_pci.setdefault(pci, set()).add(code)
-        for (pci, code), blist in by_key.items():
-            _xid_finding(ctx, pci, code, blist, codes_by_pci.get(pci, set()), gpu_of(pci),
-                         profiles_by_gpu.get(gpu_of(pci)), pci_to_gpu.get(pci), pci in rate_limited)
+        for (pci, code), blist in bursts_by_key.items():
+            gsnap = gpu_of(pci)
+            gpu = gsnap.index if gsnap is not None else None
+            _xid_finding(ctx, pci, code, blist, codes_by_pci.get(pci, set()), gpu,
+                         profiles_by_gpu.get(gpu) if gpu is not None else None, gsnap, pci in rate_limited)
     if cfg.on("sxid") and sxids:
-        by_key = {}
+        events_by_key: Dict[Tuple[Optional[str], int], List[KernelEvent]] = {}
         for e in sxids:
-            by_key.setdefault((e.pci, e.xid), []).append(e)
-        for (pci, code), evs in by_key.items():
+            if e.xid is not None:
+                events_by_key.setdefault((e.pci, e.xid), []).append(e)
+        for (pci, code), evs in events_by_key.items():
             fatal = any(e.severity == "Fatal" for e in evs)
             nonfatal = all(e.severity == "Non-fatal" for e in evs)
             entry = ctx.catalog.sxid(code, True if fatal else (False if nonfatal else None))
@@ -473,7 +480,8 @@ def _ev_lines(evs: List[KernelEvent]) -> List[str]:
                                                              evs[-1].raw[:400]]
 
 
-def _xid_finding(ctx: Ctx, pci, code: int, bursts: List[List[KernelEvent]], codes_here: set, gpu,
+def _xid_finding(ctx: Ctx, pci: Optional[str], code: int, bursts: List[List[KernelEvent]], codes_here: Set[int],
+                 gpu: Optional[int],
                  prof: Optional[GpuProfile], gsnap: Optional[GpuSnapshot], rate_limited: bool) -> None:
     entry = ctx.catalog.xid(code)
     evs = [e for b in bursts for e in b]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from .model import (
     PROBE_FAILED,
@@ -106,12 +106,13 @@ def _recovery(v: Optional[str]) -> Optional[int]:
     return None
 
 
-def _sum(values) -> Optional[int]:
+def _sum(values: Iterable[Optional[int]]) -> Optional[int]:
     vals = [v for v in values if v is not None]
     return sum(vals) if vals else None
 
 
-def _build_gpu(index: int, raw: Dict[str, str], lost: bool, lost_where: Optional[List[str]] = None) -> GpuSnapshot:
+def _build_gpu(index: int, raw: Dict[str, str], lost: bool,
+               lost_where: Optional[List[Tuple[str, str]]] = None) -> GpuSnapshot:
     g = GpuSnapshot(index=index)
     g.lost = lost
     g.name = _clean(raw.get("name"))
@@ -183,7 +184,7 @@ def _build_gpu(index: int, raw: Dict[str, str], lost: bool, lost_where: Optional
     return g
 
 
-def _xml_lost_where(el, prefix: str = "") -> List[Tuple[str, str]]:
+def _xml_lost_where(el: ET.Element, prefix: str = "") -> List[Tuple[str, str]]:
     """(element path, text) of every element of a GPU whose body says the GPU is lost, in document order."""
     out: List[Tuple[str, str]] = []
     for child in el:
@@ -227,26 +228,27 @@ _XML_POWER = {"instant_power_draw": "power_draw", "power_draw": "power_draw", "a
               "default_power_limit": "power_default", "max_power_limit": "power_max"}
 
 
-def _text(el) -> str:
+def _text(el: Optional[ET.Element]) -> str:
     return "".join(el.itertext()).strip() if el is not None else ""
 
 
-def _xml_gpu(gpu_el) -> Tuple[Dict[str, str], bool]:
+def _xml_gpu(gpu_el: ET.Element) -> Tuple[Dict[str, str], List[Tuple[str, str]]]:
     raw: Dict[str, str] = {}
     for path, key in _XML_MAP.items():
         el = gpu_el.find(path)
         if el is not None:
             raw[key] = _text(el) if len(el) == 0 else ("GPU is lost" if _is_lost(el.text) else "")
-    if "pci" not in raw and gpu_el.get("id"):
-        raw["pci"] = gpu_el.get("id")
+    pci_id = gpu_el.get("id")
+    if "pci" not in raw and pci_id:
+        raw["pci"] = pci_id
     power = gpu_el.find("gpu_power_readings")
     if power is None:
         power = gpu_el.find("power_readings")
     if power is not None:
         for child in power:
-            key = _XML_POWER.get(child.tag)
-            if key and key not in raw:
-                raw[key] = _text(child)
+            power_key = _XML_POWER.get(child.tag)
+            if power_key and power_key not in raw:
+                raw[power_key] = _text(child)
     for parent in ("clocks_event_reasons", "clocks_throttle_reasons"):
         el = gpu_el.find(parent)
         if el is None:
@@ -284,7 +286,7 @@ def _xml_gpu(gpu_el) -> Tuple[Dict[str, str], bool]:
     return raw, lost_where
 
 
-def read_nvidia_smi_xml(text) -> Snapshot:
+def read_nvidia_smi_xml(text: Any) -> Snapshot:
     """Parse ``nvidia-smi -q -x`` output (str or bytes). Never raises on bad input."""
     snap = Snapshot(source="nvidia-smi-xml")
     if isinstance(text, bytes):
@@ -366,10 +368,9 @@ _KV_RE = re.compile(r"^( *)(\S[^:]*)(?::\s?(.*))?$")
 _HANDLE_RE = re.compile(r"Unable to determine the device handle for GPU ?(?P<pci>[0-9A-Fa-f:.]+): (?P<err>.*)")
 
 
-def _text_gpu(lines: List[str], pci: str) -> Tuple[Dict[str, str], bool]:
+def _text_gpu(lines: List[str], pci: str) -> Tuple[Dict[str, str], List[Tuple[str, str]]]:
     raw: Dict[str, str] = {"pci": pci}
     stack: List[Tuple[int, str]] = []
-    lost = False
     lost_where: List[Tuple[str, str]] = []
     for line in lines:
         if not line.strip():
@@ -385,7 +386,6 @@ def _text_gpu(lines: List[str], pci: str) -> Tuple[Dict[str, str], bool]:
         if value is None:
             continue
         if _is_lost(value):
-            lost = True
             lost_where.append(("nvidia-smi " + " > ".join(path), value.strip()))
         canon = _TEXT_TOP.get(path)
         if canon:
@@ -398,8 +398,7 @@ def _text_gpu(lines: List[str], pci: str) -> Tuple[Dict[str, str], bool]:
         elif len(path) == 4 and path[0] == "ECC Errors" and path[3] == "Total":
             scope = "vol:" if path[1] == "Volatile" else "agg:"
             raw[scope + ("single_bit_total" if "Single" in path[2] else "double_bit_total")] = value
-    raw["_lost_where"] = lost_where  # type: ignore[assignment]
-    return raw, lost
+    return raw, lost_where
 
 
 def _text_failure(text: str) -> Optional[Snapshot]:
@@ -435,7 +434,7 @@ def _text_failure(text: str) -> Optional[Snapshot]:
     return snap if found else None
 
 
-def read_nvidia_smi_text(text) -> Snapshot:
+def read_nvidia_smi_text(text: Any) -> Snapshot:
     """Parse plain-text ``nvidia-smi -q`` output (or nvidia-smi / NVML failure text). Never raises."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
@@ -475,9 +474,8 @@ def read_nvidia_smi_text(text) -> Snapshot:
     snap.cuda_version = _clean(header.get("CUDA Version"))
     snap.attached_gpus = _int(header.get("Attached GPUs"))
     for i, (pci, body) in enumerate(sections):
-        raw, lost = _text_gpu(body, pci)
-        where = raw.pop("_lost_where", None)
-        snap.gpus.append(_build_gpu(i, raw, lost, where))
+        raw, lost_where = _text_gpu(body, pci)
+        snap.gpus.append(_build_gpu(i, raw, bool(lost_where), lost_where))
     extra = _text_failure(text)
     if extra is not None:
         for g in extra.gpus:

@@ -8,14 +8,15 @@ file is treated as "no previous run": rates start again, nothing fails.
 from __future__ import annotations
 
 import json
-from typing import Any, Dict
+import os
+from typing import Any, Dict, Union
 
 from ..fileutil import atomic_write as _atomic_write
 
 STATE_VERSION = 1
 
 
-def load_state(path) -> Dict[str, Any]:
+def load_state(path: Union[str, os.PathLike[str]]) -> Dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
@@ -26,12 +27,12 @@ def load_state(path) -> Dict[str, Any]:
     return data
 
 
-def atomic_write(path, text: str, mode: int = 0o644) -> None:
+def atomic_write(path: Union[str, os.PathLike[str]], text: str, mode: int = 0o644) -> None:
     """fileutil.atomic_write, creating the state directory on first use."""
     _atomic_write(path, text, mode, makedirs=True)
 
 
-def save_state(path, state: Dict[str, Any]) -> None:
+def save_state(path: Union[str, os.PathLike[str]], state: Dict[str, Any]) -> None:
     data = dict(state)
     data["version"] = STATE_VERSION
     atomic_write(path, json.dumps(data, sort_keys=True, separators=(",", ":")), mode=0o600)

@@ -54,7 +54,7 @@ def display_text(text: Any, limit: int = MAX_MESSAGE) -> str:
 
 def _plain_url(body: Dict[str, Any], key: str) -> str:
     v = body.get(key)
-    if not http.is_plain_ascii(v) or len(v) > MAX_URI or not http.is_secure_url(v):
+    if not isinstance(v, str) or not http.is_plain_ascii(v) or len(v) > MAX_URI or not http.is_secure_url(v):
         raise DeviceFlowError(f"device authorization response: {key} is not a plain https URL of at most "
                               f"{MAX_URI} characters: {ascii(v)[:80]}")
     return v

@@ -29,7 +29,7 @@ import secrets
 import stat
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, overload
 
 from . import transport as http
 from .errors import ConfigError, IdPUnavailable, TokenRejected
@@ -73,6 +73,14 @@ def public_keys_only(jwks: Any) -> List[Dict[str, Any]]:
 #: The cache file holds one discovery document and one JWKS, each capped at transport.MAX_BODY.
 MAX_CACHE_BYTES = 4 * 1024 * 1024
 _FILE_RO = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # O_NONBLOCK: a FIFO never hangs a login
+
+
+@overload
+def open_private_dir(path: str, create: Literal[True]) -> int: ...
+
+
+@overload
+def open_private_dir(path: str, create: bool = False) -> Optional[int]: ...
 
 
 def open_private_dir(path: str, create: bool = False) -> Optional[int]:
@@ -225,7 +233,7 @@ class JWKSCache:
             os.close(dfd)
 
     @contextlib.contextmanager
-    def _locked(self):
+    def _locked(self) -> Iterator[None]:
         dfd = open_private_dir(self.cache_dir, create=True)
         try:
             try:
@@ -307,7 +315,8 @@ class JWKSCache:
                 return disk
             st = disk or st
             usable = st is not None and now - st.get("jwks_fetched_at", 0) <= self.jwks_ttl + self.max_stale
-            if usable and not force and now - st.get("refresh_attempt_at", 0) < self.min_refresh_interval:
+            if st is not None and usable and not force and \
+                    now - st.get("refresh_attempt_at", 0) < self.min_refresh_interval:
                 # stale, but a refresh was tried moments ago (IdP down?): do not make every login wait on it
                 self.state = st
                 return st
@@ -317,7 +326,7 @@ class JWKSCache:
             try:
                 new = self._fetch_all(st)
             except IdPUnavailable as e:
-                if usable:
+                if st is not None and usable:
                     self.log(f"IdP unreachable ({e.reason}); using cached keys from "
                              f"{int(now - st.get('jwks_fetched_at', 0))} s ago")
                     self.state = st

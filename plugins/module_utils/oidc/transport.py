@@ -14,7 +14,8 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Dict, Optional
+from http.client import HTTPMessage
+from typing import IO, Any, Dict, Optional, Tuple
 
 from .errors import IdPUnavailable
 
@@ -51,7 +52,7 @@ def is_secure_url(url: Any) -> bool:
     return isinstance(url, str) and (url.startswith("https://") or bool(_LOOPBACK_HTTP.match(url)))
 
 
-def _origin(url: str):
+def _origin(url: str) -> Tuple[str, Optional[str], Optional[int]]:
     parts = urllib.parse.urlsplit(url)
     return parts.scheme.lower(), parts.hostname, parts.port or {"https": 443, "http": 80}.get(parts.scheme.lower())
 
@@ -105,7 +106,8 @@ class Response:
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: D401 - urllib API
+    def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str,  # noqa: D401
+                         headers: HTTPMessage, newurl: str) -> Optional[urllib.request.Request]:  # urllib API
         return None
 
 
