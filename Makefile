@@ -12,11 +12,12 @@ export ANSIBLE_COLLECTIONS_PATH := $(REPO)/collections
 export ANSIBLE_CONFIG := $(REPO)/ansible.cfg
 export PATH := $(REPO)/$(BIN):$(PATH)
 
-.PHONY: setup demo test lint unit sanity ansible-lint integration integration-2411 test-221 ee-context bench fuzz lab lab-stop clean lock help
+.PHONY: setup demo test lint typecheck unit sanity ansible-lint integration integration-2411 test-221 ee-context bench fuzz lab lab-stop clean lock help
 
 help:
 	@echo "make demo   - set up and run the main job (the simulator's default comparison)"
 	@echo "make test   - set up and run every test (lint, unit, sanity, ansible-lint, integration)"
+	@echo "make typecheck - mypy over plugins/module_utils (part of make lint)"
 	@echo "make bench  - run the benchmarks and print figures"
 	@echo "make fuzz   - fuzz every parser of untrusted text (FUZZ_N inputs each, default 100000) and print a table"
 	@echo "make lab    - start the Slurm lab for a person to play with (make lab-stop stops it)"
@@ -57,10 +58,14 @@ node-deps:
 demo: setup
 	$(BIN)/gpufleet-sim run simulator/scenarios/default-1k.yaml --out out/demo
 
-lint: setup
+lint: setup typecheck
 	$(BIN)/ruff check .
 	shellcheck $$(git ls-files '*.sh' .ci/run)
 	$(BIN)/antsibull-changelog lint
+
+# mypy over plugins/module_utils, configured in pyproject.toml [tool.mypy] (Python 3.9, every function annotated)
+typecheck: setup
+	$(BIN)/mypy
 
 unit: setup
 	$(PY) -m pytest tests/unit -q
