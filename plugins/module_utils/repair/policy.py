@@ -123,7 +123,10 @@ def plan(
                 raise RepairError(f"attention: node {n.name} appears twice")
             seen.add(n.name)
     approved = _approvals(approvals)
-    brk = breaker if breaker.__class__ is BreakerState else BreakerState.from_dict(breaker)
+    if breaker.__class__ is BreakerState:
+        brk = breaker
+    else:
+        brk = BreakerState() if breaker is None else BreakerState.from_dict(breaker)
     limits = Limits(fl, config)
     keep, cap = retention(config)
     prefix = config.reason_prefix
@@ -155,7 +158,8 @@ def plan(
 
     # Circuit breaker: distinct nodes failing, first seen within the window (and after the last reset).
     notes: List[str] = []
-    if config.breaker_enabled and not brk.tripped:
+    # (it trips at breaker_threshold() nodes, never fewer than breaker_min_nodes: a smaller plan cannot trip it)
+    if config.breaker_enabled and not brk.tripped and len(prepared) >= config.breaker_min_nodes:
         since = now - config.breaker_window_s
         if brk.reset_at is not None:
             since = max(since, brk.reset_at)
