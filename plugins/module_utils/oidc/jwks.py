@@ -27,10 +27,10 @@ import json
 import os
 import secrets
 import stat
-import tempfile
 import time
 from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, overload
 
+from ..fileutil import atomic_write
 from . import transport as http
 from .errors import ConfigError, IdPUnavailable, TokenRejected
 
@@ -125,19 +125,8 @@ def private_file_problem(st: os.stat_result) -> Optional[str]:
 
 
 def atomic_write_json(path: str, data: Any, mode: int = 0o600) -> None:
-    d = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, sort_keys=True)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """``data`` as JSON (sorted keys) written atomically (fileutil.atomic_write)."""
+    atomic_write(path, json.dumps(data, sort_keys=True), mode)
 
 
 class JWKSCache:
