@@ -20,7 +20,6 @@ author:
   - gpufleet.reliability contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.reliability.attributes.no_diff
-  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     details: Checks for processes and reports what it would do; resets nothing.

@@ -22,7 +22,6 @@ author:
   - gpufleet.reliability contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.reliability.attributes
-  - ansible.builtin.action_common_attributes
 options:
   issuer:
     description: The OpenID provider's issuer URL. One of O(issuer) and O(jwks_uri) is required.

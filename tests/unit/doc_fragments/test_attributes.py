@@ -1,8 +1,9 @@
 # Copyright (c) gpufleet.reliability contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # Every module's attributes as Ansible renders them (the module's own block merged with the doc fragments):
-# check mode and the POSIX platform fully supported, diff mode stated. The fragment gpufleet.reliability.attributes
-# must come before ansible.builtin.action_common_attributes, whose platform support N/A would win otherwise.
+# check mode and the POSIX platform fully supported, diff mode stated, each with its description. The fragment
+# gpufleet.reliability.attributes carries the descriptions itself; ansible.builtin.action_common_attributes, if a
+# module also lists it, must come after it, or its platform support N/A wins.
 from __future__ import annotations
 
 from pathlib import Path
@@ -42,7 +43,7 @@ def test_module_keeps_its_own_details():
 def test_fragment_order_matters(tmp_path):
     # the control: listed after the builtin fragment, ours loses the platform (the builtin says N/A)
     src = (REPO / "plugins" / "modules" / "slurm_conf.py").read_text()
-    swapped = src.replace("  - gpufleet.reliability.attributes\n  - ansible.builtin.action_common_attributes\n",
+    swapped = src.replace("  - gpufleet.reliability.attributes\n",
                           "  - ansible.builtin.action_common_attributes\n  - gpufleet.reliability.attributes\n")
     assert swapped != src
     path = tmp_path / "slurm_conf.py"
