@@ -197,8 +197,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import BreakerState, RepairError, plan
-from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.fleet import build_inputs
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import SlurmError
+from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm.repair_inputs import repair_inputs
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm_module import (
     SLURM_COMMON_ARGS,
     client_from_module,
@@ -309,7 +309,8 @@ def main() -> None:
         report_errors.pop(name, None)
         times.setdefault(name, now)
 
-    fleet, attention, spares = build_inputs(
+    # the adapter turns Slurm's nodes into the policy's typed inputs (the history read once, here)
+    inputs = repair_inputs(
         nodes.values(), reports, {n: t for n, t in times.items() if t is not None},
         history_field=p["history_field"], spare_reason=p["spare_reason"],
         partitions=p["partitions"] or None, domain_prefixes=p["domain_prefixes"], report_errors=report_errors,
@@ -323,15 +324,16 @@ def main() -> None:
         breaker = BreakerState.from_dict(stored)
         if p["breaker_reset"]:
             breaker = breaker.reset(now)
-        result = plan(fleet, attention, p["config"], now, approvals=_approvals(module), breaker=breaker)
+        result = plan(inputs.fleet, inputs.nodes, p["config"], now, approvals=_approvals(module), breaker=breaker)
     except RepairError as exc:
         module.fail_json(msg=str(exc))
 
     out = result.to_dict()
-    stored_by_node = {a["name"]: a["history"] for a in attention}
+    field = p["history_field"]
     for d in out["decisions"]:
         d["approval"] = f"{d['node']}:{d['action']}:{d['incident'] or '-'}"
-        d["stored_history"] = stored_by_node.get(d["node"], "")
+        node = nodes.get(d["node"])
+        d["stored_history"] = (getattr(node, field) or "") if node is not None else ""
     runnable = [d for d in out["decisions"] if d["runnable"]]
     pending = [d for d in out["decisions"] if d["needs_approval"]]
     new_breaker = out["breaker"]
@@ -342,8 +344,8 @@ def main() -> None:
         pending_approval=pending,
         breaker=new_breaker,
         breaker_changed=(stored or BreakerState().to_dict()) != new_breaker,
-        fleet=fleet,
-        spares=spares,
+        fleet=inputs.counts,
+        spares=inputs.spares,
         now=now,
         warnings_reports=report_errors,
     )

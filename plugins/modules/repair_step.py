@@ -112,6 +112,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.reliability.plugins.module_utils.diff import change
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import HistoryError, is_ours, record_outcome
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.history import loads_ours
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import Node, SlurmError
@@ -228,9 +229,8 @@ def main() -> None:
 
     if module.check_mode or not changes:
         module.exit_json(changed=bool(changes), node=before, history=new_history if changes else current,
-                         diff={"before": {"history": current, "reason": node.reason},
-                               "after": {"history": new_history or current,
-                                         "ops": [c[0] for c in changes]}})
+                         diff=change(f"slurm node {name}", {"history": current, "reason": node.reason},
+                                     {"history": new_history or current, "ops": [c[0] for c in changes]}))
     try:
         for what, arg in changes:
             if what == "history":
@@ -245,9 +245,10 @@ def main() -> None:
         module.fail_json(msg=f"node {name}: {exc}", error=exc.to_dict(), done=[c[0] for c in changes])
     after = read()
     module.exit_json(changed=True, node=after.to_dict(), history=getattr(after, field) or "",
-                     diff={"before": {"history": current, "reason": node.reason, "state": node.sinfo_state},
-                           "after": {"history": getattr(after, field) or "", "reason": after.reason,
-                                     "state": after.sinfo_state}})
+                     diff=change(f"slurm node {name}",
+                                 {"history": current, "reason": node.reason, "state": node.sinfo_state},
+                                 {"history": getattr(after, field) or "", "reason": after.reason,
+                                  "state": after.sinfo_state}))
 
 
 if __name__ == "__main__":

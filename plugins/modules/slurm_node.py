@@ -183,6 +183,7 @@ from typing import Any, Dict, List, Mapping, Tuple
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.reliability.plugins.module_utils.diff import change
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import (
     Node,
     SlurmError,
@@ -321,8 +322,9 @@ def main() -> None:
 
     result["commands"] = client.commands
     if module._diff:
-        result["diff"] = {"before": {n: _brief(nodes[n]) for n in result["nodes"]},
-                          "after": {n: _brief(after[n]) for n in result["nodes"]}}
+        result["diff"] = change("slurm nodes " + ",".join(result["nodes"]),
+                                {n: _brief(nodes[n]) for n in result["nodes"]},
+                                {n: _brief(after[n]) for n in result["nodes"]})
     module.exit_json(**result)
 
 

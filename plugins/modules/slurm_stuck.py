@@ -122,6 +122,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.reliability.plugins.module_utils.diff import change
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import Node, SlurmError
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm_module import (
     SLURM_COMMON_ARGS,
@@ -189,10 +190,9 @@ def main() -> None:
             if not module.check_mode:
                 client.drain(result["drained"], p["reason"].strip())
             if module._diff:
-                result["diff"] = {
-                    "before": {n: {"flags": sorted(nodes[n].flags)} for n in result["drained"]},
-                    "after": {n: {"flags": sorted(nodes[n].flags | {"DRAIN"})} for n in result["drained"]},
-                }
+                result["diff"] = change("slurm nodes " + ",".join(result["drained"]),
+                                        {n: {"flags": sorted(nodes[n].flags)} for n in result["drained"]},
+                                        {n: {"flags": sorted(nodes[n].flags | {"DRAIN"})} for n in result["drained"]})
     except SlurmError as exc:
         result["commands"] = client.commands
         fail_slurm(module, exc, commands=client.commands)
