@@ -53,13 +53,13 @@ Approvals = Set[Tuple[str, str, str]]
 class Case:
     """One node being decided: its state, its (working copy of the) history, the report and the plan's context.
 
-    ``hist`` is None when the history field holds someone else's text. ``before`` is the history as it came in
-    (set by the in-progress rule before a step's outcome changes it); ``booked`` the history with the incident
-    opened or updated (rules 4-10 return it unchanged).
+    ``hist`` is None when the history field holds someone else's text. ``pending_before`` is the step in progress
+    as it came in, kept by the in-progress rule when it sets the step's outcome (``before()`` gives the history as
+    it came in); ``booked`` the history with the incident opened or updated (rules 4-10 return it unchanged).
     """
 
     __slots__ = ("n", "hist", "verdict", "report_action", "code", "gpu", "t0", "config", "limits", "brk",
-                 "approved", "now", "part", "actionable", "before", "booked", "cls")
+                 "approved", "now", "part", "actionable", "pending_before", "booked", "cls")
 
     def __init__(self, n: Any, hist: Optional[History], verdict: str, report_action: str, code: str,
                  gpu: Optional[int], t0: float, config: RepairConfig, limits: Limits, brk: BreakerState,
@@ -79,7 +79,7 @@ class Case:
         self.part: Optional[str] = n.partitions[0] if n.partitions else None
         self.actionable = verdict in ("unhealthy", "unknown") or (
             verdict == "degraded" and report_action in REPAIR_STEPS)
-        self.before: Optional[History] = None
+        self.pending_before: Optional[Step] = None
         self.booked: Optional[History] = None
         self.cls: str = ""
 
@@ -95,6 +95,16 @@ class Case:
             rule=rule,
             **kw,
         )
+
+    def before(self) -> Optional[History]:
+        """The history as it came in: before the in-progress rule set the pending step's outcome."""
+        hist, step = self.hist, self.pending_before
+        if step is None or hist is None or hist.incident is None:
+            return hist
+        out = hist.copy()
+        assert out.incident is not None
+        out.incident.steps[-1] = step  # finish() replaced the pending step; Steps are never changed in place
+        return out
 
     def inc_kw(self) -> Dict[str, Any]:
         """The decision fields of the booked incident (rules 4-10)."""
@@ -210,7 +220,6 @@ def in_progress(c: Case) -> Optional[Decision]:
         hist.retract(pending)
         c.limits.release(n)  # it counted as under repair; the node must not block its own next step
         return None
-    before = c.before = hist.copy()
     timeout = config.step_timeout_s.get(pending.action, DEFAULT_STEP_TIMEOUT_S)
     done_by = pending.started + timeout
     # only a short step (reset, reboot) is verified by the playbook while it waits: a reimage or replacement
@@ -227,7 +236,7 @@ def in_progress(c: Case) -> Optional[Decision]:
             ),
             "in_progress",
             earliest=done_by,
-            hist=before,
+            hist=hist,
             verify=check,
             **inc_kw(inc),
         )
@@ -241,10 +250,11 @@ def in_progress(c: Case) -> Optional[Decision]:
             f"{pending.action} started at {pending.started}; waiting for a health report newer than it",
             "in_progress",
             earliest=done_by,
-            hist=before,
+            hist=hist,
             verify=check,
             **inc_kw(inc),
         )
+    c.pending_before = pending  # for before(): the outcome set above replaced it
     c.limits.release(n)
     return None
 
@@ -263,7 +273,7 @@ def drain_requested(c: Case) -> Optional[Decision]:
         "degraded ({}) and the health check asks for the node out of service: a person investigates, "
         "then resumes it".format(report.get("code") or c.report_action),
         "drain_requested",
-        hist=c.hist if c.before is None else c.before,
+        hist=c.before(),
     )
 
 
@@ -309,8 +319,7 @@ def degraded_monitor(c: Case) -> Optional[Decision]:
     """Degraded with nothing to do and ``resume_degraded`` false: keep watching, the node stays where it is."""
     if c.actionable:
         return None
-    return c.mk("hold", f"degraded ({c.report_action}); monitoring", "degraded_monitor",
-                hist=c.hist if c.before is None else c.before)
+    return c.mk("hold", f"degraded ({c.report_action}); monitoring", "degraded_monitor", hist=c.before())
 
 
 def book(c: Case) -> None:

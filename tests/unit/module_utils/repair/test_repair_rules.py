@@ -76,7 +76,8 @@ def test_in_progress_waits_for_a_newer_report_then_lets_the_next_rules_decide():
     rec = node(history=hist(steps=[("reset_gpu", NOW - 60, None)]), report_time=NOW - 10)
     c = case(rec)
     assert R.in_progress(c) is None and c.hist.incident.steps[-1].outcome == "failed"  # a fresh sick report
-    assert c.before.incident.pending() is not None  # the history as it came in, kept for the rules after
+    assert c.before().incident.pending() is not None  # the history as it came in, kept for the rules after
+    assert c.hist.incident.pending() is None
     assert R.in_progress(case(node(history=hist()))) is None  # nothing pending
 
 
