@@ -86,9 +86,6 @@ class HookCall:
         return asdict(self)
 
 
-_UNSET: Any = object()
-
-
 @dataclass
 class Decision:
     """What to do with one node now.
@@ -126,23 +123,26 @@ class Decision:
     @property
     def history(self) -> Optional[str]:
         """The history to store if the action is not executed, as text (None: leave the field as it is)."""
-        text = self.__dict__.get("_history_text", _UNSET)
-        if text is _UNSET:
-            text = self.__dict__["_history_text"] = _text(self.hist)
-        return text
+        return self._text_of("hist")
 
     @history.setter
     def history(self, text: Optional[str]) -> None:
-        self.hist = None
-        self.__dict__["_history_text"] = text
+        self.hist = None if text is None else _parse(text)
 
     @property
     def history_after(self) -> Optional[str]:
         """The history to store just before executing the action, as text."""
-        text = self.__dict__.get("_history_after_text", _UNSET)
-        if text is _UNSET:
-            text = self.__dict__["_history_after_text"] = _text(self.hist_after)
-        return text
+        return self._text_of("hist_after")
+
+    def _text_of(self, attr: str) -> Optional[str]:
+        """The stored text of the History in ``attr``, written out once per History object (a decision's
+        histories are not changed after plan() returns them)."""
+        h = getattr(self, attr)
+        texts = self.__dict__.setdefault("_texts", {})
+        got = texts.get(attr)
+        if got is None or got[0] is not h:
+            got = texts[attr] = (h, _text(h))
+        return got[1]
 
     @property
     def approval_key(self) -> Tuple[str, str, str]:
@@ -168,6 +168,12 @@ def _text(h: Optional[History]) -> Optional[str]:
     from .history import dumps  # history.py imports this module
 
     return dumps(h)
+
+
+def _parse(text: str) -> History:
+    from .history import loads  # history.py imports this module
+
+    return loads(text)
 
 
 class Plan(list):

@@ -310,3 +310,16 @@ def test_plan_on_typed_inputs_equals_plan_on_dicts_and_changes_no_input():
     d = next(d for d in b if d.node == "n3")
     assert d.history_after == json.dumps(json.loads(d.history_after), separators=(",", ":"), sort_keys=True)
     assert loads(d.history_after) == d.hist_after
+
+
+def test_decision_history_text_follows_its_history_object():
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import dumps
+
+    d = R.start_step(case(node(history=hist()), booked=True), "reset_gpu", "ladder", "why")
+    assert d.history == dumps(d.hist) and d.history_after == dumps(d.hist_after) != d.history
+    d.hist = d.hist_after  # another History object: the text follows
+    assert d.history == d.history_after and d.to_dict()["history"] == d.history_after
+    d.history = None  # leave the field as it is
+    assert d.hist is None and d.to_dict()["history"] is None
+    d.history = hist(seq=7)
+    assert d.hist.seq == 7 and d.history == hist(seq=7)
