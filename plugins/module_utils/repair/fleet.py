@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from .history import HistoryError, is_ours, loads
+from .owner import busy as _busy
 from .owner import out_of_service as _out_of_service
 
 
@@ -99,7 +100,7 @@ def build_inputs(
         reason = str(_get(node, "reason") or "")
         flags = _flags(node)
         state = str(_get(node, "state") or "unknown").lower()
-        busy = state in ("mixed", "allocated") or "COMPLETING" in flags
+        busy = _busy(state, flags)
         if spare_reason and reason.startswith(spare_reason) and "DRAIN" in flags:
             spares.append(name)
             for p in node_parts:
