@@ -323,3 +323,14 @@ def test_decision_history_text_follows_its_history_object():
     assert d.hist is None and d.to_dict()["history"] is None
     d.history = hist(seq=7)
     assert d.hist.seq == 7 and d.history == hist(seq=7)
+
+
+@pytest.mark.parametrize("state, flags", [("FAILING", ()), ("IDLE", ("DOWN",))])
+def test_plan_counts_out_of_service_as_the_ownership_rule_does(state, flags):
+    """sinfo's failing state and the DOWN flag: out of service for the policy too (it used to plan such a node of
+    ours as in service: 'healthy and in service; nothing to do' instead of resuming it)."""
+    ours = dict(node(rep=HEALTHY, state=state, flags=flags, history=hist(steps=[("reboot", NOW - 900, "ok")])),
+                reason="gpufleet: xid48 gpu3")
+    assert plan(fleet(), [ours], CONFIG, NOW)[0].rule == "healthy_resume"
+    theirs = dict(ours, reason="hardware swap")
+    assert plan(fleet(), [theirs], CONFIG, NOW)[0].rule == "not_ours"
