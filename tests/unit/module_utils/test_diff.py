@@ -19,7 +19,7 @@ def test_absent_is_empty_text_bytes_are_decoded_and_mappings_stay_mappings():
     # undecodable bytes are shown replaced (a lone surrogate would not survive the JSON to the controller)
     assert change("f", b"\xff\xfe", None)["before"] == "\ufffd\ufffd"
     entry = change("nodes gpu01", {"gpu01": {"state": "idle"}}, {"gpu01": {"state": "drain"}})
-    assert entry["before"] == {"gpu01": {"state": "idle"}} and type(entry["after"]) is dict
+    assert entry["before"] == {"gpu01": {"state": "idle"}} and isinstance(entry["after"], dict)
 
 
 @pytest.mark.parametrize("bad", [["a"], 3, ("x",)])

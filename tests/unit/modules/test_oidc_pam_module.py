@@ -48,7 +48,6 @@ def test_install_idempotent_and_absent(localhost, root):
     assert not (root / "pam.d" / "gpufleet-oidc").exists() and not (root / "gpufleet" / "oidc.yml").exists()
 
 
-
 def test_mode_only_change_is_in_the_diff(localhost, root):
     oidc_pam(localhost, **args(root))
     conf = root / "gpufleet" / "oidc.yml"
@@ -57,6 +56,7 @@ def test_mode_only_change_is_in_the_diff(localhost, root):
     assert res["changed"] is True and stat.S_IMODE(os.stat(conf).st_mode) == 0o600
     assert res["diff"] == [{"before_header": f"{conf} (mode)", "after_header": f"{conf} (mode)",
                             "before": "0644\n", "after": "0600\n"}]
+
 
 @pytest.mark.parametrize("name", ["common-auth", "sudo", "login", "system-auth"])
 def test_refuses_shared_stacks(localhost, root, name):

@@ -4,13 +4,16 @@
 writes, and a diff that shows what changes (content, mode) and nothing else."""
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import stat
-import threading
+import sys
+from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "module_utils" / "oidc"))
+from oidc_forge import serve_json  # noqa: E402
 
 JWKS = {"keys": [{"kty": "RSA", "kid": "rs-1", "use": "sig", "alg": "RS256", "n": "sXch", "e": "AQAB"},
                  {"kty": "oct", "kid": "hmac", "k": "c2VjcmV0"}]}  # a symmetric key Slurm must never get
@@ -18,26 +21,8 @@ JWKS = {"keys": [{"kty": "RSA", "kid": "rs-1", "use": "sig", "alg": "RS256", "n"
 
 @pytest.fixture
 def jwks_uri():
-    body = json.dumps(JWKS).encode()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's name)
-            self.send_response(200 if self.path == "/jwks" else 404)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/jwks"
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=10)
+    with serve_json(JWKS) as url:
+        yield url
 
 
 def run(localhost, **kw):

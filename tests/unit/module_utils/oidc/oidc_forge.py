@@ -6,11 +6,14 @@ are indistinguishable from the IdP's except where a test makes them hostile on p
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
+import http.server
 import json
+import threading
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterator, Optional
 
 from joserfc import jwe, jwt
 from joserfc.jwk import ECKey, KeySet, RSAKey
@@ -19,6 +22,36 @@ from joserfc.jws import JWSRegistry
 #: the unit tests' issuer: nothing listens on 127.0.0.1:9, so every refresh is a real, failing call
 ISSUER = "http://127.0.0.1:9"
 AUD = "urn:gpufleet:ssh"
+
+
+@contextlib.contextmanager
+def serve_json(document: Any, path: str = "/jwks") -> Iterator[str]:
+    """A real HTTP server on loopback that answers GET ``path`` with ``document`` as JSON (404 elsewhere), as an
+    IdP's keys endpoint does; yields its URL and is stopped when the block ends."""
+    body = json.dumps(document).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            found = self.path == path
+            self.send_response(200 if found else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body) if found else 0))
+            self.end_headers()
+            if found:
+                self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}{path}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
 
 
 def b64u(data: bytes) -> str:
