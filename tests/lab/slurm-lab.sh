@@ -184,6 +184,25 @@ verified_pid() {
   echo "$pid"
 }
 
+# stop_strays: Slurm daemons of this lab (their command line names this lab's slurm.conf) whose PID file is gone -
+# a run killed between a daemon's start and its PID file, or a PID file removed under a live daemon - stopped by
+# PID like the others. Without this a stray slurmctld keeps the lab's port and every later start fails.
+stop_strays() {
+  local p cmd
+  local -a specs=()
+  for p in /proc/[0-9]*; do
+    cmd=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
+    case "$cmd" in
+      *"/usr/sbin/slurm"*" -f $CONF "* | *"/usr/sbin/slurm"*" -f $CONF") ;;
+      *) continue ;;
+    esac
+    echo "${p#/proc/}" >"$LAB/run/stray-${p#/proc/}.pid"
+    specs+=("stray ${cmd%% *}:$LAB/run/stray-${p#/proc/}.pid:${cmd%% *}")
+  done
+  ((${#specs[@]})) || return 0
+  stop_pids "${specs[@]}"
+}
+
 # stop_pids NAME:PIDFILE:BINARY...: SIGTERM all verified PIDs together, 15 s, then SIGKILL; remove PID files.
 stop_pids() {
   local spec name pidfile binary pid deadline alive
@@ -615,6 +634,7 @@ cmd_start() {
     die "the lab in $LAB runs Slurm $(cat "$LAB/etc/release"); stop it first (slurm-lab.sh stop)"
   fi
   ctld_pid >/dev/null && was_running=1
+  ((was_running)) || stop_strays
   if [[ -f "$LAB/etc/release" && "$(cat "$LAB/etc/release")" != "$RELEASE" ]]; then
     log "switching $LAB from Slurm $(cat "$LAB/etc/release") to $RELEASE: clearing saved state and spool"
     rm -rf "${LAB:?}/state" "${LAB:?}/spool"
@@ -662,6 +682,7 @@ cmd_stop() {
   done
   stop_pids "${specs[@]}"
   stop_pids "slurmctld:$LAB/run/slurmctld.pid:/usr/sbin/slurmctld"
+  stop_strays
   stop_pids "munged:$LAB/run/munged.pid:/usr/sbin/munged"
   log "stopped in $(($(now_ms) - t0)) ms"
 }
