@@ -67,5 +67,9 @@ BUSY_STATES = frozenset({"allocated", "alloc", "mixed", "mix", "completing", "co
 
 def busy(state: Optional[str], flags: Iterable[str] = ()) -> bool:
     """Jobs still on the node, running or completing (``state`` any case, ``*`` ignored)."""
-    base = str(state or "").lower().replace("*", "").split("+", 1)[0]
+    return busy_split(str(state or "").lower().replace("*", "").split("+", 1)[0], flags)
+
+
+def busy_split(base: str, flags: Iterable[str]) -> bool:
+    """busy() of a state already split: ``base`` one word in lower case, ``flags`` upper case."""
     return base in BUSY_STATES or "COMPLETING" in flags

@@ -189,7 +189,7 @@ class NodeState:
     @property
     def busy(self) -> bool:
         """Jobs still on the node (running or completing)."""
-        return owner.busy(self.state, self.flags)
+        return owner.busy_split(self.state.lower(), self.flags)
 
     @property
     def rebooting(self) -> bool:
