@@ -251,7 +251,8 @@ def _probe_nvlink(nvml: Any, g: GpuSnapshot, h: Any, call: _Recorder, nvlink_max
 def _child_run(fake_config: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     nvml: Any = None
     if fake_config is not None:
-        from .nvml_fake import FakeNvml  # pylint: disable=import-outside-toplevel  (only when a fake is asked for)
+        # imported only when a fake is asked for: a production probe never loads it
+        from .nvml_fake import FakeNvml  # pylint: disable=import-outside-toplevel
         nvml = FakeNvml(fake_config)
     return probe(nvml).to_dict()
 
@@ -278,7 +279,8 @@ def probe_with_deadline(deadline_s: float = 20.0, fake_nvml: Optional[FakeSpec] 
     """
     fake_config = None
     if fake_nvml is not None:
-        from . import nvml_fake  # pylint: disable=import-outside-toplevel  (only when a fake is asked for)
+        # imported only when a fake is asked for: a production probe never loads it
+        from . import nvml_fake  # pylint: disable=import-outside-toplevel
         fake_config = nvml_fake.load_config(fake_nvml)
         nvml_fake.FakeNvml(fake_config)  # validate in the parent: a bad config is an error, not a probe failure
     if fake_config is None and not HAS_PYNVML:

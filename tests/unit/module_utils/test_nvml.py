@@ -21,7 +21,7 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gpu"
 
 def test_fake_raises_pynvml_real_classes():
     fake = nvml_fake.FakeNvml({"devices": [{"index": 1, "fail": {"mode": "lost"}},
-                                      {"index": 2, "not_supported": ["nvmlDeviceGetRemappedRows"]}]})
+                                           {"index": 2, "not_supported": ["nvmlDeviceGetRemappedRows"]}]})
     fake.nvmlInit()
     with pytest.raises(pynvml.NVMLError_GpuIsLost) as exc:
         fake.nvmlDeviceGetHandleByIndex(1)
@@ -109,8 +109,8 @@ def test_init_errors(error, code):
 
 def test_reset_required_and_recovery_action():
     snap = nvml.probe(nvml_fake.FakeNvml({"devices": [{"index": 0, "recovery_action": 4},
-                                                 {"index": 1, "remapped_rows": [0, 3, 1, 0]},
-                                                 {"index": 2, "nvlink_down": [7]}]}))
+                                                      {"index": 1, "remapped_rows": [0, 3, 1, 0]},
+                                                      {"index": 2, "nvlink_down": [7]}]}))
     codes = {(f.code, f.gpu) for f in judge(snap).findings}
     assert {("recovery_action", 0), ("row_remap_pending", 1), ("nvlink_down", 2)} <= codes
 
