@@ -8,7 +8,9 @@ repair history as a ``History`` object) and builds the fleet's counts as a ``rep
 adapter does for the Ansible bodies; this adapter only translates simulated time <-> epoch seconds.
 
 judge() results are cached per symptom pattern: a fault class always emits the same lines, so the verdict is the
-same (a health report, not a repair decision). Every repair decision is a real plan() call.
+same (a health report, not a repair decision). Every repair decision is a real plan() call, and every drain the
+node agent would make on a health report is a real ``repair.drain.drain_decision`` call (``drain_rule``): the
+agent's one drain rule, with the repair policy's limits and circuit breaker.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Dict, Iterable, Optional, Tuple
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils import health as _health
 from ansible_collections.gpufleet.reliability.plugins.module_utils import repair as _repair
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.drain import DrainDecision, drain_decision
 
 EPOCH0 = 1_767_571_200  # Monday 2026-01-05 00:00 UTC: simulated hour 0
 PARTITION = "gpu"
@@ -34,7 +37,7 @@ class CollectionBrain:
             cfg["modes"] = modes
         self.repair_config = _repair.RepairConfig.from_dict(cfg)
         self._judged: Dict[Tuple[str, ...], dict] = {}
-        self.calls = {"judge": 0, "judge_cached": 0, "plan": 0}
+        self.calls = {"judge": 0, "judge_cached": 0, "plan": 0, "drain_rule": 0}
         self._healthy: Optional[dict] = None
 
     # --- health rules --------------------------------------------------------------------------------------------
@@ -45,10 +48,11 @@ class CollectionBrain:
             self.calls["judge_cached"] += 1
             return hit
         self.calls["judge"] += 1
-        rep = _health.judge(snapshot=None, kmsg_lines=list(lines), config=self.health_config or None, state=None,
-                            now=EPOCH0).to_dict()
+        obj = _health.judge(snapshot=None, kmsg_lines=list(lines), config=self.health_config or None, state=None,
+                            now=EPOCH0)
+        rep = obj.to_dict()
         out = {"verdict": rep.get("verdict"), "action": rep.get("action"), "code": rep.get("code"),
-               "gpu": rep.get("gpu"), "report": rep}
+               "gpu": rep.get("gpu"), "report": rep, "drain_reason": obj.drain_reason()[:200]}
         self._judged[lines] = out
         return out
 
@@ -64,6 +68,16 @@ class CollectionBrain:
         self.calls["plan"] += 1
         return _repair.plan(fleet, (node,), self.repair_config, to_epoch(now_h), approvals=approvals,
                             breaker=breaker)[0]
+
+
+    # --- the node agent's drain rule ----------------------------------------------------------------------------
+    def drain_rule(self, verdict: dict, node: str, nodes: Iterable[Any], now_h: float) -> DrainDecision:
+        """What the node agent does with its own ``node`` on this judge() result: the shipped rule
+        (``repair.drain.drain_decision``, as ``gpufleet-health check --repair-config`` calls it), with the repair
+        policy's limits and breaker, on the fleet's Slurm records ``nodes`` at ``now_h``."""
+        self.calls["drain_rule"] += 1
+        return drain_decision(verdict["report"], node, nodes, self.repair_config, to_epoch(now_h),
+                              reason=verdict["drain_reason"])
 
 
 def to_epoch(h: float) -> int:

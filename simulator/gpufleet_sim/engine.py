@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import simpy
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import Counts, FleetSummary, NodeState
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.drain import wants_drain
 
 from .brain import PARTITION, to_epoch, to_hours
 from .scenario import LEVEL
@@ -282,6 +283,8 @@ class Sim:
             sc["horizon_days"] * 24.0 if sc["horizon_days"] else None)
         self.rep = sc["repair"]
         self.check_interval = policy.get("check_interval_min", self.rep["check_interval_min"]) * H
+        self.run_interval = self.rep["run_interval_min"] * H
+        self._in_service: list | None = None  # every node's Slurm record while in service (built on first use)
         self.owner = [-1] * self.N  # job index, -1 idle, -2 out of service
         self.slot = [0] * self.N
         self.recs: dict[int, NodeRec] = {}
@@ -292,6 +295,7 @@ class Sim:
                       "proactive_drains": 0, "escalations": 0, "faults": 0, "faults_idle": 0, "brain_calls": 0,
                       "approvals": 0, "lemon_faults": 0, "peak_out": 0, "pool_empty": 0, "false_positives": 0,
                       "technician_wait_h": 0.0,
+                      "agent_drains": 0, "agent_held": 0, "plan_drains": 0,
                       "events": 0}
         self.waiting_jobs: list[Job] = []
         self.out_count = 0
@@ -522,18 +526,19 @@ class Sim:
     def _false_drain(self, job: Job, n: int, fp: dict, tok: int):
         env = self.env
         rec = self.recs[n]
-        act_at = env.now  # the check that raised it drains at once; a person may have to agree first
-        if self.policy["repair"] == "approval":
-            act_at = self.approval_delay(act_at)
-        elif self.policy["repair"] == "manual":
-            act_at = self.human_ready(act_at)
-        yield env.timeout(act_at - env.now)
+        v = self.brain.judge(tuple(fp["kmsg"]))
+
+        def alive() -> bool:
+            return rec.token == tok and rec.state == "precursor" and self.owner[n] == job.idx and not job.done
+
+        # the check that raised it goes through the agent's drain rule, then the repair runs, like a true finding
+        drained = yield from self._warning(n, v, env.now, math.inf, alive)
         if rec.token != tok or rec.state != "precursor":
             return
-        if self.owner[n] != job.idx or job.done:
-            rec.state, rec.fault = "healthy", None  # the job moved on; the alarm is moot
+        if not drained:
+            rec.state, rec.fault = "healthy", None  # not drained, or the job moved on: the alarm is moot
             return
-        rec.verdict = self.brain.judge(tuple(fp["kmsg"]))
+        rec.verdict = v
         rec.state = "drained"
         self.stats["proactive_drains"] += 1
         self._count(job, fp, planned=True)
@@ -699,22 +704,20 @@ class Sim:
         if self.policy["detection"] == "passive" and self.rng.random() < f["visible"]:
             seen = env.now + self.rng.random() * self.check_interval
             v = self.brain.judge(tuple(f["precursor"]["kmsg"]))
-            if v["verdict"] in ("unhealthy", "degraded") and v.get("action") not in (None, "none", "observe"):
-                act_at = seen
-                if self.policy["repair"] == "approval":
-                    act_at = seen + self.approval_delay(seen) - seen
-                elif self.policy["repair"] == "manual":
-                    act_at = self.human_ready(seen)
-                if act_at < fail_at:
-                    yield env.timeout(act_at - env.now)
-                    if rec.token != tok or rec.state != "precursor" or self.owner[n] != job.idx or job.done:
-                        return
-                    rec.verdict = v
-                    rec.state = "drained"
-                    self.stats["proactive_drains"] += 1
-                    self._count(job, f, planned=True)
-                    job.interrupt(Failure(n, f, env.now, env.now, False, remove=True, planned=True))
-                    return
+
+            def alive() -> bool:
+                return rec.token == tok and rec.state == "precursor" and self.owner[n] == job.idx and not job.done
+
+            drained = yield from self._warning(n, v, seen, fail_at, alive)
+            if drained:
+                rec.verdict = v
+                rec.state = "drained"
+                self.stats["proactive_drains"] += 1
+                self._count(job, f, planned=True)
+                job.interrupt(Failure(n, f, env.now, env.now, False, remove=True, planned=True))
+                return
+            if not alive():
+                return
         yield env.timeout(max(0.0, fail_at - env.now))
         if rec.token != tok or rec.state != "precursor":
             return
@@ -752,18 +755,15 @@ class Sim:
         env = self.env
         ep = f["episode_min"]["sample"](self.frng[f["name"]]) * H
         end = env.now + ep
-        evict = None
         if self.policy["detection"] == "passive" and self.rng.random() < f["visible"] and f["kmsg"]:
             v = self.brain.judge(tuple(f["kmsg"]))
-            if v["verdict"] in ("unhealthy", "degraded") and v.get("action") not in (None, "none", "observe"):
-                evict = env.now + self.rng.random() * self.check_interval
-                if self.policy["repair"] == "approval":
-                    evict = self.approval_delay(evict)
-                elif self.policy["repair"] == "manual":
-                    evict = self.human_ready(evict)
-        if evict is not None and evict < end:
-            yield env.timeout(evict - env.now)
-            if n in job.slow and self.owner[n] == job.idx and not job.done:
+            seen = env.now + self.rng.random() * self.check_interval
+
+            def alive() -> bool:
+                return n in job.slow and self.owner[n] == job.idx and not job.done
+
+            drained = yield from self._warning(n, v, seen, end, alive)
+            if drained:
                 job.slow.pop(n, None)
                 job.set_rate()
                 rec = self._rec(n)
@@ -771,8 +771,9 @@ class Sim:
                 self.stats["proactive_drains"] += 1
                 self._count(job, f, planned=True)
                 job.interrupt(Failure(n, f, env.now, env.now, False, remove=True, planned=True))
-            return
-        yield env.timeout(ep)
+                return
+        if end > env.now:
+            yield env.timeout(end - env.now)
         if job.slow.pop(n, None) is not None:
             job.set_rate()
 
@@ -865,16 +866,18 @@ class Sim:
             v = self.brain.judge(tuple(rec.fault["precursor"]["kmsg"]))
         else:
             v = self._report_for(rec)
-        ours = v["verdict"] in ("unhealthy", "degraded") and v["action"] not in ("none", "monitor")
         now_s = float(to_epoch(env.now))
-        sl = rec.slurm
-        if sl is None:
-            sl = rec.slurm = NodeState(f"node{n:06d}", (PARTITION,), {"rack": f"r{n // self.rack}"})
-        sl.state, sl.flags = ("idle", _DRAIN) if ours else ("down", _NO_FLAGS)
-        sl.reason = f"gpufleet: {v['code']}" if ours else "Not responding"
-        sl.reason_user = "root" if ours else "slurm"
-        sl.reason_time = sl.report_time = now_s
-        sl.report = v["report"]
+        sl = self._slurm(n)
+        if not proactive:  # a proactive drain (agent or plan) left the record drained by us, with its history
+            if wants_drain(v["report"]):  # the agent drains a node whose report asks for it
+                sl.state, sl.flags, sl.reason, sl.reason_user = "idle", _DRAIN, v["drain_reason"], "root"
+            elif v["verdict"] == "healthy":  # nothing a check sees: Slurm finds the node not responding
+                sl.state, sl.flags, sl.reason, sl.reason_user = "down", _NO_FLAGS, "Not responding", "slurm"
+            else:  # a warning the agent leaves in service: the repair run's plan() drains it (TTL, limits)
+                sl.state, sl.flags, sl.reason, sl.reason_user = "idle", _NO_FLAGS, "", ""
+            sl.reason_time = now_s if sl.reason else None
+            sl.report_time = now_s
+            sl.report = v["report"]
         approvals: set = set()
         plan_node = self.brain.plan_node
         stats = self.stats
@@ -942,6 +945,105 @@ class Sim:
         self.stats["mttr"].append(env.now - out_since)
         self._bring_back(n)
         self.node_returns(n)
+
+    # --- warnings: the agent's drain rule, then the repair runs' plan() ---------------------------------------------
+    def _slurm(self, n: int) -> NodeState:
+        """The node's virtual Slurm record (kept with its repair history for the node's life)."""
+        rec = self._rec(n)
+        if rec.slurm is None:
+            rec.slurm = NodeState(f"node{n:06d}", (PARTITION,), {"rack": f"r{n // self.rack}"})
+        return rec.slurm
+
+    def slurm_nodes(self) -> list:
+        """Every node's Slurm record as the agent reads it (``sinfo``): name, state, flags, reason and its time,
+        partition, rack feature. Nodes in service share one prebuilt record each; out of service: its own."""
+        base = self._in_service
+        if base is None:
+            base = self._in_service = [
+                {"name": f"node{n:06d}", "state": "allocated", "flags": (), "reason": "", "reason_time": None,
+                 "partitions": [PARTITION], "features": [f"rack_r{n // self.rack}"]} for n in range(self.N)]
+        out = list(base)
+        for n, o in enumerate(self.owner):
+            if o != -2:
+                continue
+            rec = self.recs.get(n)
+            sl = rec.slurm if rec is not None else None
+            if sl is not None and not sl.out_of_service:
+                continue
+            out[n] = {"name": base[n]["name"], "partitions": base[n]["partitions"],
+                      "features": base[n]["features"],
+                      "state": sl.state if sl is not None else "down",
+                      "flags": tuple(sl.flags) if sl is not None else (),
+                      "reason": sl.reason if sl is not None else "Not responding",
+                      "reason_time": sl.reason_time if sl is not None else None}
+        return out
+
+    def next_run(self, t: float) -> float:
+        """The first repair run (``repair.run_interval_min`` apart, from hour 0) at or after ``t``."""
+        ri = self.run_interval
+        return math.ceil(t / ri - 1e-9) * ri
+
+    def _warning(self, n: int, v: dict, seen: float, deadline: float, alive):
+        """A health check finds ``v`` (a judge() result) on node ``n``, in a job, at ``seen``.
+
+        First the node agent: the shipped drain rule (``repair.drain.drain_decision``) drains it at once when the
+        report asks for a drain and the limits and breaker allow. A warning the agent leaves in service waits for
+        the repair runs (every ``run_interval``), where the real ``plan()`` decides: TTL, blast radius, breaker,
+        approval gate (an approval takes ``approval_delay``); in manual mode a person then drains it during
+        business hours. Returns True when the node is drained now (its Slurm record drained by us), False when
+        it stays in service (held, or ``deadline`` / ``alive()`` came first)."""
+        env = self.env
+        if seen > env.now:
+            yield env.timeout(seen - env.now)
+        if not alive() or v["verdict"] == "healthy":
+            return False
+        sl = self._slurm(n)
+        sl.state, sl.flags, sl.reason, sl.reason_user, sl.reason_time = "allocated", _NO_FLAGS, "", "", None
+        sl.report, sl.report_time = v["report"], float(to_epoch(env.now))
+        if wants_drain(v["report"]):
+            dd = self.brain.drain_rule(v, sl.name, self.slurm_nodes(), env.now)
+            if dd.action == "drain":
+                self.stats["agent_drains"] += 1
+                sl.state, sl.flags, sl.reason, sl.reason_user = "idle", _DRAIN, dd.reason or v["drain_reason"], "root"
+                sl.reason_time = float(to_epoch(env.now))
+                return True
+            self.stats["agent_held"] += 1
+        approvals: set = set()
+        t = self.next_run(env.now)
+        for _guard in range(200):
+            if t >= deadline:
+                return False
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            if not alive():
+                return False
+            self.stats["brain_calls"] += 1
+            d = self.brain.plan_node(sl, self.fleet_counts(n), env.now, approvals, self.breaker)
+            if d.hist is not None:
+                sl.history = d.hist
+            if d.action == "wait":
+                t = self.next_run(max(to_hours(d.earliest), env.now + H))
+                continue
+            if d.action != "drain":
+                return False  # held (limits, breaker, monitoring): it stays in service
+            if d.needs_approval and not d.approved:
+                approvals.add(d.approval_key)
+                t = self.next_run(self.approval_delay(env.now))
+                continue
+            if self.policy["repair"] == "manual":
+                t_h = self.human_ready(env.now)
+                if t_h >= deadline:
+                    return False
+                yield env.timeout(t_h - env.now)
+                if not alive():
+                    return False
+            if d.hist_after is not None:
+                sl.history = d.hist_after
+            self.stats["plan_drains"] += 1
+            sl.state, sl.flags, sl.reason, sl.reason_user = "idle", _DRAIN, f"gpufleet: {d.code}", "root"
+            sl.reason_time = float(to_epoch(env.now))
+            return True
+        return False
 
     def _by_hand(self, rec: NodeRec, action: str, wait_for_hours: bool = False):
         """A step a person carries out (a held or escalated node, every step in manual mode, a replacement): with a

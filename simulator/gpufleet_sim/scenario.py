@@ -260,7 +260,7 @@ def validate(raw: Any, source: str = "scenario") -> dict:
     rp = f"{source}.repair"
     _unknown(rep, {"actions", "human_response_min", "business_hours", "approval_delay_min", "hot_swap_min",
                    "cold_swap_min", "verify_min", "rma_lead_days", "check_interval_min", "check_detect_min",
-                   "technicians"}, rp)
+                   "technicians", "run_interval_min"}, rp)
     acts_raw = _get(rep, "actions", rp, dict, {})
     _unknown(acts_raw, set(ACTIONS), f"{rp}.actions")
     actions = {}
@@ -293,6 +293,9 @@ def validate(raw: Any, source: str = "scenario") -> dict:
         "rma_lead_days": _dur(rep, "rma_lead_days", rp, {"dist": "lognormal", "median": 3, "p90": 5}),
         "check_interval_min": _get(rep, "check_interval_min", rp, float, 5.0, _pos),
         "check_detect_min": _dur(rep, "check_detect_min", rp, 0.5),
+        # the repair run (repair.yml on a timer) plans every node that needs attention this often
+        "run_interval_min": _get(rep, "run_interval_min", rp, float, 5.0,
+                                 lambda v: None if 0 < v <= 7 * 24 * 60 else "minutes > 0 and at most a week (10080)"),
         # people who carry out hands-on steps at once (null: as many as needed)
         "technicians": _get(rep, "technicians", rp, int, None, lambda v: None if v >= 1 else "an integer >= 1"),
     }

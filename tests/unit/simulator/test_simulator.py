@@ -92,6 +92,9 @@ class _TextChecked:
     def healthy_report(self):
         return self.real.healthy_report()
 
+    def drain_rule(self, verdict, node, nodes, now_h):
+        return self.real.drain_rule(verdict, node, nodes, now_h)
+
     def plan_node(self, node, fleet, now_h, approvals=(), breaker=None):
         from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import dumps, plan
         from gpufleet_sim.brain import to_epoch
@@ -145,7 +148,10 @@ def test_every_repair_decision_is_a_real_plan_call():
     brain = default_brain(sc)
     sim = Sim(sc, resolve("passive+auto-repair+hot-spares"), 2, brain)
     sim.run()
-    assert brain.calls["plan"] == sim.stats["brain_calls"] > 0 and set(brain.calls) == {"judge", "judge_cached", "plan"}
+    assert brain.calls["plan"] == sim.stats["brain_calls"] > 0
+    assert set(brain.calls) == {"judge", "judge_cached", "plan", "drain_rule"}
+    # every drain the agent makes is one call of its drain rule
+    assert brain.calls["drain_rule"] == sim.stats["agent_drains"] + sim.stats["agent_held"]
 
 
 def test_user_policy_yaml_and_rack_outage(tmp_path):

@@ -1,0 +1,117 @@
+"""The engine drains as the shipped bodies do: the node agent's one drain rule (repair.drain.drain_decision), then the
+repair run's plan() at its run interval - never a rule of its own (issue: the engine drained every degraded verdict
+that carried a repair step, e.g. the Xid 63 precursor the agent leaves in service)."""
+
+import pytest
+
+from ansible_collections.gpufleet.reliability.plugins.module_utils import repair
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.drain import drain_decision, wants_drain
+from gpufleet_sim import scenario as scn
+from gpufleet_sim import validate as val
+from gpufleet_sim.brain import default_brain, to_epoch
+from gpufleet_sim.engine import Sim
+from gpufleet_sim.policies import resolve
+
+XID63 = "NVRM: Xid (PCI:0000:18:00): 63, pid=48213, name=python, Row remapping pending"
+
+
+def _sim(policy="passive+auto-repair+hot-spares", mode="automatic"):
+    sc = scn.load(val.SCENARIOS / "default-1k.yaml")
+    sc["faults"] = []  # no fault process: the test drives one warning by hand
+    sc["false_positive"] = None
+    return Sim(sc, resolve(policy), 1, default_brain(sc, mode)), sc
+
+
+def _drive(sim, n, v, seen, deadline=float("inf")):
+    out = {}
+
+    def proc():
+        out["drained"] = yield from sim._warning(n, v, seen, deadline, lambda: True)
+        out["at"] = sim.env.now
+
+    sim.env.process(proc())
+    sim.env.run(until=seen + 48.0)
+    return out
+
+
+def test_default_xid63_precursor_is_not_drained_by_the_agent():
+    """judge() gives degraded reset_gpu drain=False; the agent's rule does nothing; the engine asks the same rule."""
+    sim, _sc = _sim()
+    pre = next(f for f in scn.load(val.SCENARIOS / "default-1k.yaml")["faults"]
+               if f["name"] == "gpu_hbm3")["precursor"]["kmsg"]
+    assert tuple(pre) == (XID63,)
+    v = sim.brain.judge(tuple(pre))
+    assert (v["verdict"], v["action"], bool(v["report"].get("drain"))) == ("degraded", "reset_gpu", False)
+    assert not wants_drain(v["report"])
+    direct = drain_decision(v["report"], "node000000", sim.slurm_nodes(), sim.brain.repair_config, to_epoch(1.0),
+                            reason=v["drain_reason"])
+    assert direct.action == "none"
+    seen = 1.0 + 1.0 / 60  # 01:01, between two repair runs (every 5 min)
+    out = _drive(sim, 0, v, seen)
+    assert sim.stats["agent_drains"] == 0 and sim.brain.calls["drain_rule"] == 0
+    # ... but the repair run's plan() drains it, after the TTL, at a run: the same answer as direct plan() calls
+    assert out["drained"] is True and sim.stats["plan_drains"] == 1
+    cfg = sim.brain.repair_config
+    node = repair.NodeState("node000000", ("gpu",), {"rack": "r0"}, state="allocated", report=v["report"],
+                            report_time=float(to_epoch(seen)))
+    fleet = sim.fleet_counts(0)
+    t = sim.next_run(seen)
+    while True:
+        d = repair.plan(fleet, (node,), cfg, to_epoch(t))[0]
+        if d.action != "wait":
+            break
+        node.history = d.hist
+        t = sim.next_run(max((d.earliest - to_epoch(0)) / 3600.0, t + 1 / 60))
+    assert d.action == "drain"
+    assert abs(out["at"] - t) < 1e-9
+    assert out["at"] >= seen + cfg.ttl_s / 3600.0
+    rec = sim.recs[0].slurm
+    assert rec.drained_by(cfg.reason_prefix) and rec.history is not None
+
+
+def test_unhealthy_report_is_drained_by_the_agent_rule_at_the_check():
+    sim, _sc = _sim()
+    v = sim.brain.judge(("NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=python, GPU has fallen off the bus.",))
+    assert wants_drain(v["report"])
+    direct = drain_decision(v["report"], "node000003", sim.slurm_nodes(), sim.brain.repair_config, to_epoch(2.0),
+                            reason=v["drain_reason"])
+    assert direct.action == "drain"
+    out = _drive(sim, 3, v, 2.0)
+    assert out == {"drained": True, "at": 2.0}
+    assert sim.stats["agent_drains"] == 1 and sim.brain.calls["drain_rule"] == 1 and sim.stats["plan_drains"] == 0
+    assert sim.recs[3].slurm.reason == v["drain_reason"]
+
+
+def test_agent_rule_holds_a_warning_when_max_unavailable_is_reached():
+    """With a fifth of the partition out of service, the agent's rule holds the warning and plan() holds it too:
+    the node stays in service (the old engine drained it anyway)."""
+    sim, _sc = _sim()
+    v = sim.brain.judge(("NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=python, GPU has fallen off the bus.",))
+    cfg = sim.brain.repair_config
+    out_n = int(sim.N * cfg.max_unavailable.share) + 1
+    for n in range(20, 20 + out_n):  # out of service, not by us (no breaker), spread across racks
+        sim._take_out(n)
+    direct = drain_decision(v["report"], "node000003", sim.slurm_nodes(), cfg, to_epoch(2.0),
+                            reason=v["drain_reason"])
+    assert direct.action == "hold" and direct.rule == "blast_radius"
+    out = _drive(sim, 3, v, 2.0)
+    assert out["drained"] is False
+    assert sim.stats["agent_held"] == 1 and sim.stats["agent_drains"] == 0 and sim.stats["plan_drains"] == 0
+
+
+def test_monitor_report_is_never_drained():
+    """'monitor' (the brain's no-step action) is not a reason to drain; the old engine tested a made-up 'observe'."""
+    sim, _sc = _sim()
+    v = sim.brain.judge(("NVRM: Xid (PCI:0000:18:00): 63, pid=1, name=python, Row remapping pending",))
+    v = dict(v, action="monitor", report=dict(v["report"], action="monitor", verdict="degraded"))
+    assert not wants_drain(v["report"])
+    out = _drive(sim, 5, v, 1.0)
+    assert out["drained"] is False and sim.stats["plan_drains"] == 0
+
+
+def test_run_interval_is_validated_naming_the_field():
+    raw = scn.load(val.SCENARIOS / "default-1k.yaml")["raw"]
+    for bad in (0, -5, 1e9):
+        with pytest.raises(scn.SpecError, match=r"repair\.run_interval_min"):
+            scn.validate(scn.override(raw, {"repair.run_interval_min": bad}))
+    assert scn.validate(scn.override(raw, {"repair.run_interval_min": 15}))["repair"]["run_interval_min"] == 15
