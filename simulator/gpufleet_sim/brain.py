@@ -15,7 +15,7 @@ agent's one drain rule, with the repair policy's limits and circuit breaker.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Optional, Tuple
+from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils import health as _health
 from ansible_collections.gpufleet.reliability.plugins.module_utils import repair as _repair
@@ -62,13 +62,12 @@ class CollectionBrain:
         return self._healthy
 
     # --- repair policy -------------------------------------------------------------------------------------------
-    def plan_node(self, node: _repair.NodeState, fleet: _repair.FleetSummary, now_h: float,
-                  approvals: Iterable[Tuple[str, str, str]] = (), breaker: Any = None) -> _repair.Decision:
-        """One Decision for one node: the real plan() on the node's state and the fleet's counts at ``now_h``."""
+    def plan_run(self, nodes: Sequence[_repair.NodeState], fleet: _repair.FleetSummary, now_h: float,
+                 approvals: Iterable[Tuple[str, str, str]] = (), breaker: Any = None) -> _repair.Plan:
+        """One repair run: the real plan() on every node that needs attention at ``now_h``, together (so the
+        circuit breaker and the blast-radius limits see them all, as in a run of the repair playbook)."""
         self.calls["plan"] += 1
-        return _repair.plan(fleet, (node,), self.repair_config, to_epoch(now_h), approvals=approvals,
-                            breaker=breaker)[0]
-
+        return _repair.plan(fleet, nodes, self.repair_config, to_epoch(now_h), approvals=approvals, breaker=breaker)
 
     # --- the node agent's drain rule ----------------------------------------------------------------------------
     def drain_rule(self, verdict: dict, node: str, nodes: Iterable[Any], now_h: float) -> DrainDecision:

@@ -24,7 +24,12 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import Counts, FleetSummary, NodeState
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import (
+    BreakerState,
+    Counts,
+    FleetSummary,
+    NodeState,
+)
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.drain import wants_drain
 
 from .brain import PARTITION, to_epoch, to_hours
@@ -295,12 +300,14 @@ class Sim:
                       "proactive_drains": 0, "escalations": 0, "faults": 0, "faults_idle": 0, "brain_calls": 0,
                       "approvals": 0, "lemon_faults": 0, "peak_out": 0, "pool_empty": 0, "false_positives": 0,
                       "technician_wait_h": 0.0,
-                      "agent_drains": 0, "agent_held": 0, "plan_drains": 0,
+                      "agent_drains": 0, "agent_held": 0, "plan_drains": 0, "decisions": 0, "peak_run": 0,
+                      "breaker_trips": 0,
                       "events": 0}
         self.waiting_jobs: list[Job] = []
         self.out_count = 0
         self.rack_out: dict[int, int] = {}
-        self.breaker = None
+        self.breaker: BreakerState | None = None  # the circuit breaker's state, persisted from run to run
+        self._runs: dict[float, dict[int, tuple]] = {}  # repair run time -> node -> (record, approvals, event)
         techs = self.rep.get("technicians")
         self.techs = simpy.Resource(self.env, capacity=techs) if techs else None
         nid = 0
@@ -829,15 +836,56 @@ class Sim:
         else:
             self.rack_out.pop(r, None)
 
-    def fleet_counts(self, n: int) -> FleetSummary:
-        """The fleet as the repair brain takes it: counts per partition and failure domain, no node lists."""
-        r = n // self.rack
-        rack_total = min(self.rack, self.N - r * self.rack)
-        ro = self.rack_out.get(r, 0)
-        # one idle spare is all a one-node plan can take (the engine places spares itself)
-        hot = [None] if self.policy["spares"] == "hot" and self.idle else []
+    def fleet_summary(self, batch) -> FleetSummary:
+        """The whole fleet as one repair run reads it: counts for the partition and for each rack of the nodes
+        planned (a node's limits read its own rack only); as many idle hot spares as nodes planned at most."""
+        racks = {n // self.rack for n in batch}
+        doms = {}
+        for r in racks:
+            total = min(self.rack, self.N - r * self.rack)
+            ro = self.rack_out.get(r, 0)
+            doms[f"r{r}"] = Counts(total, total - ro, ro)
+        hot = [None] * min(len(self.idle), len(batch)) if self.policy["spares"] == "hot" else []
         return FleetSummary(self.N, {PARTITION: Counts(self.N, self.N - self.out_count, self.out_count, hot)},
-                            {"rack": {f"r{r}": Counts(rack_total, rack_total - ro, ro)}})
+                            {"rack": doms})
+
+    def ask(self, n: int, sl: NodeState, at: float, approvals: set) -> simpy.Event:
+        """Put node ``n`` on the first repair run at or after ``at``; the event's value is its Decision. Every
+        node on one run is planned by one plan() call, the way one run of the repair playbook plans them all."""
+        t = self.next_run(max(at, self.env.now))
+        ev = self.env.event()
+        batch = self._runs.get(t)
+        if batch is None:
+            batch = self._runs[t] = {}
+            self.env.process(self._repair_run(t))
+        batch[n] = (sl, approvals, ev)
+        return ev
+
+    def _repair_run(self, t: float):
+        if t > self.env.now:
+            yield self.env.timeout(t - self.env.now)
+        batch = self._runs.pop(t)
+        approvals: set = set()
+        for _sl, ap, _ev in batch.values():
+            approvals |= ap
+        self.stats["brain_calls"] += 1
+        self.stats["decisions"] += len(batch)
+        if len(batch) > self.stats["peak_run"]:
+            self.stats["peak_run"] = len(batch)
+        nodes = [v[0] for v in batch.values()]
+        p = self.brain.plan_run(nodes, self.fleet_summary(batch), self.env.now, approvals, self.breaker)
+        if p.breaker is not None:
+            if p.breaker.tripped and not (self.breaker is not None and self.breaker.tripped):
+                self.stats["breaker_trips"] += 1
+            self.breaker = p.breaker
+        by_name = {d.node: d for d in p}
+        for sl, _ap, ev in batch.values():
+            ev.succeed(by_name[sl.name])
+
+    def reset_breaker(self) -> None:
+        """A person looked at the fleet and resets the breaker (failures before now no longer count)."""
+        if self.breaker is not None and self.breaker.tripped:
+            self.breaker = self.breaker.reset(float(to_epoch(self.env.now)))
 
     # --- repair: the collection's repair policy decides every step -------------------------------------------------
     def start_repair(self, n: int, f: Failure) -> None:
@@ -879,18 +927,16 @@ class Sim:
             sl.report_time = now_s
             sl.report = v["report"]
         approvals: set = set()
-        plan_node = self.brain.plan_node
-        stats = self.stats
+        at = env.now
         for _guard in range(200):
-            stats["brain_calls"] += 1
-            now = env.now
-            d = plan_node(sl, self.fleet_counts(n), now, approvals, self.breaker)
+            d = yield self.ask(n, sl, at, approvals)
+            at = env.now
             a = d.action
             if a == "wait":
                 h = d.hist
                 if h is not None:
                     sl.history = h
-                yield env.timeout(max(to_hours(d.earliest) - now, 1.0 * H))
+                at = max(to_hours(d.earliest), env.now + H)
                 continue
             if a in ("hold", "escalate"):
                 # the brain hands the node to a person: someone diagnoses it and fixes it by hand
@@ -901,7 +947,8 @@ class Sim:
                 self.stats["escalations"] += 1
                 if d.rule == "breaker":
                     yield env.timeout(self.human_ready(env.now) - env.now)
-                    self.breaker = None
+                    self.reset_breaker()
+                    at = env.now
                     continue
                 while True:
                     action = rec.fault["fixed_by"] if rec.fault else "reboot"
@@ -915,6 +962,7 @@ class Sim:
             if d.needs_approval and not d.approved:
                 yield env.timeout(self.approval_delay(env.now) - env.now)
                 approvals.add(d.approval_key)
+                at = env.now
                 continue
             if mode == "manual":
                 yield env.timeout(self.human_ready(env.now) - env.now)
@@ -923,6 +971,7 @@ class Sim:
             if a == "drain":
                 sl.state, sl.flags, sl.reason, sl.reason_user = "idle", _DRAIN, f"gpufleet: {d.code}", "root"
                 sl.reason_time = float(to_epoch(env.now))
+                at = env.now
                 continue
             if a == "resume":
                 sl.state, sl.flags, sl.reason, sl.reason_user, sl.reason_time = "idle", _NO_FLAGS, "", "", None
@@ -937,6 +986,7 @@ class Sim:
                     ok = yield from self._do(rec, a)
                 rep = self.brain.healthy_report() if ok else self._report_for(rec)
                 sl.report, sl.report_time = rep["report"], float(to_epoch(env.now))
+                at = env.now
                 continue
             raise RuntimeError(f"repair brain returned an action the simulator does not know: {a}")
         if not fixed:
@@ -1013,19 +1063,19 @@ class Sim:
         for _guard in range(200):
             if t >= deadline:
                 return False
-            if t > env.now:
-                yield env.timeout(t - env.now)
+            d = yield self.ask(n, sl, t, approvals)
             if not alive():
                 return False
-            self.stats["brain_calls"] += 1
-            d = self.brain.plan_node(sl, self.fleet_counts(n), env.now, approvals, self.breaker)
             if d.hist is not None:
                 sl.history = d.hist
             if d.action == "wait":
                 t = self.next_run(max(to_hours(d.earliest), env.now + H))
                 continue
+            if d.action == "hold" and d.rule in ("blast_radius_drain", "breaker"):
+                t = self.next_run(env.now + H)  # a limit or the breaker holds it: the next run asks again
+                continue
             if d.action != "drain":
-                return False  # held (limits, breaker, monitoring): it stays in service
+                return False  # nothing to do (monitoring, a person's call): it stays in service
             if d.needs_approval and not d.approved:
                 approvals.add(d.approval_key)
                 t = self.next_run(self.approval_delay(env.now))

@@ -54,7 +54,7 @@ def test_default_xid63_precursor_is_not_drained_by_the_agent():
     cfg = sim.brain.repair_config
     node = repair.NodeState("node000000", ("gpu",), {"rack": "r0"}, state="allocated", report=v["report"],
                             report_time=float(to_epoch(seen)))
-    fleet = sim.fleet_counts(0)
+    fleet = sim.fleet_summary([0])
     t = sim.next_run(seen)
     while True:
         d = repair.plan(fleet, (node,), cfg, to_epoch(t))[0]

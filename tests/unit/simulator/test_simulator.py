@@ -95,28 +95,29 @@ class _TextChecked:
     def drain_rule(self, verdict, node, nodes, now_h):
         return self.real.drain_rule(verdict, node, nodes, now_h)
 
-    def plan_node(self, node, fleet, now_h, approvals=(), breaker=None):
+    def plan_run(self, nodes, fleet, now_h, approvals=(), breaker=None):
         from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import dumps, plan
         from gpufleet_sim.brain import to_epoch
 
-        history_before = None if node.history is None else dumps(node.history)
-        d = self.real.plan_node(node, fleet, now_h, approvals, breaker)
-        # the engine's record is left as it was (plan() works on a copy of the history)
-        assert (None if node.history is None else dumps(node.history)) == history_before
-        record = {"name": node.name, "partition": node.partitions[0], "domains": dict(node.domains),
-                  "state": "+".join([node.state.upper()] + sorted(node.flags)), "reason": node.reason,
-                  "reason_user": node.reason_user, "reason_time": node.reason_time, "report": node.report,
-                  "report_time": node.report_time, "history": history_before}
+        histories_before = [None if n.history is None else dumps(n.history) for n in nodes]
+        p = self.real.plan_run(nodes, fleet, now_h, approvals, breaker)
+        # the engine's records are left as they were (plan() works on a copy of each history)
+        assert [None if n.history is None else dumps(n.history) for n in nodes] == histories_before
+        records = [{"name": n.name, "partition": n.partitions[0], "domains": dict(n.domains),
+                    "state": "+".join([n.state.upper()] + sorted(n.flags)), "reason": n.reason,
+                    "reason_user": n.reason_user, "reason_time": n.reason_time, "report": n.report,
+                    "report_time": n.report_time, "history": h} for n, h in zip(nodes, histories_before)]
         counts = {"total": fleet.total,
                   "partitions": {p: {"total": c.total, "available": c.available, "unavailable": c.unavailable,
                                      "spares_idle": len(c.spares)} for p, c in fleet.partitions.items()},
                   "domains": {k: {name: {"total": c.total, "available": c.available, "unavailable": c.unavailable}
                                   for name, c in doms.items()} for k, doms in fleet.domains.items()}}
-        text = plan(counts, [record], self.real.repair_config, to_epoch(now_h), approvals=approvals,
-                    breaker=breaker)[0]
-        assert text.to_dict() == d.to_dict()
-        self.checked += 1
-        return d
+        text = plan(counts, records, self.real.repair_config, to_epoch(now_h), approvals=approvals,
+                    breaker=None if breaker is None else breaker.to_dict())
+        assert [d.to_dict() for d in text] == [d.to_dict() for d in p]
+        assert text.breaker == p.breaker
+        self.checked += len(p)
+        return p
 
 
 def test_typed_records_decide_as_the_text_records_do():
@@ -132,7 +133,7 @@ def test_typed_records_decide_as_the_text_records_do():
         checked = _TextChecked(default_brain(sc, mode))
         a = run_one(sc, pol, 1, checked)
         assert a == run_one(sc, pol, 1, default_brain(sc, mode))
-        assert checked.checked == checked.calls["plan"] > 50
+        assert checked.checked >= checked.calls["plan"] > 50
     sc = scn.load(val.SCENARIOS / "airesim-default.yaml")
     checked = _TextChecked(default_brain(sc))
     run_one(sc, resolve("passive+auto-repair+hot-spares"), 1, checked, horizon_h=60 * 24.0)

@@ -1,0 +1,126 @@
+"""A repair run plans every node that needs attention together, with one plan() call (as a run of the repair
+playbook does), so a rack-wide fault trips the circuit breaker and max_unavailable holds, exactly as plan() says
+for the same inputs (compare tests/integration/repair/test_repair_lab.py's storm test)."""
+
+import copy
+
+from ansible_collections.gpufleet.reliability.plugins.module_utils import repair
+from gpufleet_sim import scenario as scn
+from gpufleet_sim import validate as val
+from gpufleet_sim.brain import default_brain, to_epoch
+from gpufleet_sim.engine import Sim
+from gpufleet_sim.policies import resolve
+
+XID63 = "NVRM: Xid (PCI:0000:18:00): 63, pid=48213, name=python, Row remapping pending"
+
+
+class _Recording:
+    """The real brain; every repair run's inputs (copied) and its Plan are kept for a direct plan() replay."""
+
+    def __init__(self, real):
+        self.real, self.calls, self.runs = real, real.calls, []
+        self.repair_config = real.repair_config
+
+    def judge(self, lines):
+        return self.real.judge(lines)
+
+    def healthy_report(self):
+        return self.real.healthy_report()
+
+    def drain_rule(self, *a):
+        return self.real.drain_rule(*a)
+
+    def plan_run(self, nodes, fleet, now_h, approvals=(), breaker=None):
+        inputs = (copy.deepcopy(list(nodes)), copy.deepcopy(fleet), to_epoch(now_h), set(approvals),
+                  copy.deepcopy(breaker))
+        p = self.real.plan_run(nodes, fleet, now_h, approvals, breaker)
+        self.runs.append((inputs, p))
+        return p
+
+
+def _sim(repair_config, policy="passive+auto-repair+hot-spares"):
+    sc = scn.load(val.SCENARIOS / "default-1k.yaml")
+    fault = next(f for f in sc["faults"] if f["name"] == "faulty_gpu")
+    sc["faults"] = []  # the test strikes by hand
+    sc["false_positive"] = None
+    sc["repair_config"] = repair_config
+    brain = _Recording(default_brain(sc))
+    return Sim(sc, resolve(policy), 1, brain), brain, fault
+
+
+def _replay(brain):
+    """Every run again, as direct plan() calls on the same inputs: the same decisions and breaker."""
+    for (nodes, fleet, now, approvals, breaker), p in brain.runs:
+        direct = repair.plan(fleet, nodes, brain.repair_config, now, approvals=approvals, breaker=breaker)
+        assert [d.to_dict() for d in direct] == [d.to_dict() for d in p]
+        assert direct.breaker == p.breaker
+
+
+def test_rack_wide_fault_trips_the_breaker():
+    """A rack's 16 nodes (PDU/rack event) fail at once: one run plans them together and trips the breaker
+    (threshold 10 % of 125 = 13 nodes); every node is held, no step runs until a person resets it."""
+    sim, brain, fault = _sim({"breaker": {"fraction": "10%", "min_nodes": 3, "window": "5m"}})
+    job = sim.jobs[0]
+    rack = list(range(16, 32))  # rack r1, all in the job
+    assert all(sim.owner[n] == job.idx for n in rack)
+
+    def strike():
+        yield sim.env.timeout(1.0)
+        for n in rack:
+            sim._crash(job, n, fault)
+
+    sim.env.process(strike())
+    sim.env.run(until=1.5)
+    assert sim.stats["breaker_trips"] == 1 and sim.breaker is not None and sim.breaker.tripped
+    assert sorted(sim.breaker.nodes) == sorted(f"node{n:06d}" for n in rack)
+    trip = next(p for _i, p in brain.runs if p.breaker is not None and p.breaker.tripped)
+    assert len(trip) == 16 and all(d.action == "hold" and d.rule == "breaker" for d in trip)
+    assert sim.stats["repair_actions"] == {}  # nothing repaired while tripped
+    _replay(brain)
+
+
+def test_same_fault_one_node_at_a_time_would_not_trip_it():
+    """The control: the same 16 failures spread over runs an hour apart stay below the threshold."""
+    sim, brain, fault = _sim({"breaker": {"fraction": "10%", "min_nodes": 3, "window": "5m"}})
+    job = sim.jobs[0]
+
+    def strike():
+        for n in range(16, 32):
+            yield sim.env.timeout(1.0)
+            if sim.owner[n] == job.idx:
+                sim._crash(job, n, fault)
+
+    sim.env.process(strike())
+    sim.env.run(until=20.0)
+    assert sim.stats["breaker_trips"] == 0 and sim.stats["repair_actions"]
+    _replay(brain)
+
+
+def test_max_unavailable_holds_across_one_run():
+    """Ten nodes warn at once (Xid 63: the agent leaves them in service); with max_unavailable 4 the run drains
+    exactly 4 and holds 6, which the next runs drain as the first come back."""
+    sim, brain, _fault = _sim({"breaker": {"enabled": False},
+                               "blast_radius": {"max_unavailable": 4, "min_healthy": 0}})
+    job = sim.jobs[0]
+    v = sim.brain.judge((XID63,))
+    nodes = list(range(0, 80, 8))  # ten nodes over five racks
+    drained_at = {}
+
+    def warn(n):
+        def alive():
+            return sim.owner[n] == job.idx and not job.done
+
+        ok = yield from sim._warning(n, v, 1.0, 30.0, alive)
+        if ok:
+            drained_at[n] = sim.env.now
+            sim._take_out(n)  # out of service from now on (the job's checkpoint and swap are not under test)
+
+    for n in nodes:
+        sim.env.process(warn(n))
+    sim.env.run(until=3.0)
+    first = [p for _i, p in brain.runs if any(d.action == "drain" for d in p)][0]
+    assert len(first) == 10
+    assert sorted(d.action for d in first) == ["drain"] * 4 + ["hold"] * 6
+    assert {d.rule for d in first if d.action == "hold"} == {"blast_radius_drain"}
+    assert len(drained_at) == 4 and sim.out_count == 4
+    _replay(brain)
