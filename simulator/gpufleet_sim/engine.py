@@ -857,14 +857,13 @@ class Sim:
         batch = self._runs.get(t)
         if batch is None:
             batch = self._runs[t] = {}
-            self.env.process(self._repair_run(t))
+            self.env.timeout(t - self.env.now, t).callbacks.append(self._repair_run)  # no process per run
         batch[n] = (sl, approvals, ev)
         return ev
 
-    def _repair_run(self, t: float):
-        if t > self.env.now:
-            yield self.env.timeout(t - self.env.now)
-        batch = self._runs.pop(t)
+    def _repair_run(self, event: simpy.Event) -> None:
+        """The repair run at ``event.value`` (its time): plan every node on it together."""
+        batch = self._runs.pop(event.value)
         approvals: set = set()
         for _sl, ap, _ev in batch.values():
             approvals |= ap
