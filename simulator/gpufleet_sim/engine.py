@@ -723,8 +723,6 @@ class Sim:
                 self._count(job, f, planned=True)
                 job.interrupt(Failure(n, f, env.now, env.now, False, remove=True, planned=True))
                 return
-            if not alive():
-                return
         yield env.timeout(max(0.0, fail_at - env.now))
         if rec.token != tok or rec.state != "precursor":
             return
