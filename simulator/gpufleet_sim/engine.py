@@ -307,7 +307,8 @@ class Sim:
         self.out_count = 0
         self.rack_out: dict[int, int] = {}
         self.breaker: BreakerState | None = None  # the circuit breaker's state, persisted from run to run
-        self._runs: dict[float, dict[int, tuple]] = {}  # repair run time -> node -> (record, approvals, event)
+        self._runs: dict[float, tuple] = {}  # repair run time -> (its event, {node: (record, approvals)})
+        self._decided: dict[int, object] = {}  # node -> the Decision of the last run that planned it
         techs = self.rep.get("technicians")
         self.techs = simpy.Resource(self.env, capacity=techs) if techs else None
         nid = 0
@@ -848,22 +849,23 @@ class Sim:
                             {"rack": doms})
 
     def ask(self, n: int, sl: NodeState, at: float, approvals: set) -> simpy.Event:
-        """Put node ``n`` on the first repair run at or after ``at``; the event's value is its Decision. Every
-        node on one run is planned by one plan() call, the way one run of the repair playbook plans them all."""
+        """Put node ``n`` on the first repair run at or after ``at`` and return the run's event; once it has
+        fired, ``self._decided[n]`` is the node's Decision. Every node on one run is planned by one plan() call,
+        the way one run of the repair playbook plans them all."""
         t = self.next_run(max(at, self.env.now))
-        ev = self.env.event()
-        batch = self._runs.get(t)
-        if batch is None:
-            batch = self._runs[t] = {}
-            self.env.timeout(t - self.env.now, t).callbacks.append(self._repair_run)  # no process per run
-        batch[n] = (sl, approvals, ev)
-        return ev
+        run = self._runs.get(t)
+        if run is None:
+            ev = self.env.timeout(t - self.env.now, t)
+            ev.callbacks.append(self._repair_run)  # first callback: plans before any waiting node resumes
+            run = self._runs[t] = (ev, {})
+        run[1][n] = (sl, approvals)
+        return run[0]
 
     def _repair_run(self, event: simpy.Event) -> None:
         """The repair run at ``event.value`` (its time): plan every node on it together."""
-        batch = self._runs.pop(event.value)
+        batch = self._runs.pop(event.value)[1]
         approvals: set = set()
-        for _sl, ap, _ev in batch.values():
+        for _sl, ap in batch.values():
             approvals |= ap
         self.stats["brain_calls"] += 1
         self.stats["decisions"] += len(batch)
@@ -875,9 +877,13 @@ class Sim:
             if p.breaker.tripped and not (self.breaker is not None and self.breaker.tripped):
                 self.stats["breaker_trips"] += 1
             self.breaker = p.breaker
-        by_name = {d.node: d for d in p}
-        for sl, _ap, ev in batch.values():
-            ev.succeed(by_name[sl.name])
+        decided = self._decided
+        if len(p) == 1:
+            decided[next(iter(batch))] = p[0]
+        else:
+            by_name = {d.node: d for d in p}
+            for n, (sl, _ap) in batch.items():
+                decided[n] = by_name[sl.name]
 
     def reset_breaker(self) -> None:
         """A person looked at the fleet and resets the breaker (failures before now no longer count)."""
@@ -926,7 +932,8 @@ class Sim:
         approvals: set = set()
         at = env.now
         for _guard in range(200):
-            d = yield self.ask(n, sl, at, approvals)
+            yield self.ask(n, sl, at, approvals)
+            d = self._decided[n]
             at = env.now
             a = d.action
             if a == "wait":
@@ -1060,9 +1067,10 @@ class Sim:
         for _guard in range(200):
             if t >= deadline:
                 return False
-            d = yield self.ask(n, sl, t, approvals)
+            yield self.ask(n, sl, t, approvals)
             if not alive():
                 return False
+            d = self._decided[n]
             if d.hist is not None:
                 sl.history = d.hist
             if d.action == "wait":
