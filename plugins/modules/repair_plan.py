@@ -19,7 +19,6 @@ author:
   - gpufleet.reliability contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.reliability.attributes.no_diff
-  - ansible.builtin.action_common_attributes
   - gpufleet.reliability.slurm
 options:
   config:

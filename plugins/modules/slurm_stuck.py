@@ -21,7 +21,6 @@ author:
   - gpufleet.reliability contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.reliability.attributes
-  - ansible.builtin.action_common_attributes
   - gpufleet.reliability.slurm
 options:
   name:
