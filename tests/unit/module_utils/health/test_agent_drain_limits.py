@@ -140,4 +140,3 @@ def test_bad_repair_config_exits_64_naming_the_field(capsys, tmp_path):
                      "--repair-config", str(cfg)])
     err = capsys.readouterr().err
     assert rc == 64 and "--repair-config" in err and "blast_radius.max_unavailable" in err, err
-
