@@ -67,7 +67,9 @@ options:
     type: path
     default: /opt/gpufleet-oidc/pam_gpufleet_oidc.py
   lib_dir:
-    description: Directory that holds the C(gpufleet_oidc) package (a copy of the collection's module_utils/oidc).
+    description:
+      - Directory that holds the collection's code the oidc_login role copies
+        (C(ansible_collections/gpufleet/reliability/plugins/module_utils/) with C(oidc/) and what it imports).
     type: path
     default: /opt/gpufleet-oidc/lib
   site_dir:

@@ -4,7 +4,7 @@
 
 Pure library code: discovery, an on-disk JWKS cache, a strict JWT validator (joserfc), the
 claims -> local user policy, an RFC 8628 device-grant client (authlib) and the PAM glue.
-Every sub-module uses relative imports only, so the package can also be copied on its own
-(as ``gpufleet_oidc``) next to the pam_python entry file.
+Every sub-module uses relative imports only; the roles copy it, with what it imports, under the node's lib
+directory in the collection's layout.
 """
 from __future__ import annotations
