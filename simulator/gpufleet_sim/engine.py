@@ -835,7 +835,12 @@ class Sim:
         else:
             self.rack_out.pop(r, None)
 
-    def fleet_summary(self, batch) -> FleetSummary:
+    def out_of_service(self) -> list:
+        """The Slurm records of the nodes out of service that carry a reason and its time (the drains the agent's
+        breaker counts); nodes down without a record have neither."""
+        return [rec.slurm for rec in self.recs.values() if rec.slurm is not None and rec.slurm.out_of_service]
+
+    def fleet_summary(self, batch, spares: bool = True) -> FleetSummary:
         """The whole fleet as one repair run reads it: counts for the partition and for each rack of the nodes
         planned (a node's limits read its own rack only); as many idle hot spares as nodes planned at most."""
         racks = {n // self.rack for n in batch}
@@ -844,7 +849,7 @@ class Sim:
             total = min(self.rack, self.N - r * self.rack)
             ro = self.rack_out.get(r, 0)
             doms[f"r{r}"] = Counts(total, total - ro, ro)
-        hot = [None] * min(len(self.idle), len(batch)) if self.policy["spares"] == "hot" else []
+        hot = [None] * min(len(self.idle), len(batch)) if spares and self.policy["spares"] == "hot" else []
         return FleetSummary(self.N, {PARTITION: Counts(self.N, self.N - self.out_count, self.out_count, hot)},
                             {"rack": doms})
 
@@ -1055,7 +1060,8 @@ class Sim:
         sl.state, sl.flags, sl.reason, sl.reason_user, sl.reason_time = "allocated", _NO_FLAGS, "", "", None
         sl.report, sl.report_time = v["report"], float(to_epoch(env.now))
         if wants_drain(v["report"]):
-            dd = self.brain.drain_rule(v, sl.name, self.slurm_nodes(), env.now)
+            me = NodeState(sl.name, sl.partitions, sl.domains, state="idle")
+            dd = self.brain.drain_rule(v, me, self.fleet_summary((n,), spares=False), self.out_of_service(), env.now)
             if dd.action == "drain":
                 self.stats["agent_drains"] += 1
                 sl.state, sl.flags, sl.reason, sl.reason_user = "idle", _DRAIN, dd.reason or v["drain_reason"], "root"

@@ -191,9 +191,18 @@ def drain_decision(
     parts = list(_get(me, "partitions") or ())
     rec = {"name": node, "partitions": parts, "state": "IDLE",
            "domains": domains_of(_get(me, "features") or (), {"rack": "rack", "switch": "switch"})}
-    fl = FleetSummary.from_dict(fleet)
-    n_rec = NodeState.from_dict(rec, 0)
-    block = Limits(fl, config).drain_block(n_rec)
+    return drain_verdict(NodeState.from_dict(rec, 0), FleetSummary.from_dict(fleet), before, config, now,
+                         forced=forced, reason=ours_reason)
+
+
+def drain_verdict(me: NodeState, fl: FleetSummary, before: Iterable[Any], config: RepairConfig, now: float, *,
+                  forced: bool, reason: str) -> DrainDecision:
+    """The last part of :func:`drain_decision`, for a caller that already has the fleet as the rule sees it at
+    our turn (``fl``: ours in service) and the nodes out of service before ours (``before``, duck-typed: name,
+    reason, reason_time), such as the simulator, which keeps its fleet as counts. ``forced``: the node cannot run
+    jobs now (:func:`cannot_run_jobs`); ``reason``: the Slurm reason to drain with."""
+    ours_reason = reason
+    block = Limits(fl, config).drain_block(me)
 
     brk = None
     if config.breaker_enabled:

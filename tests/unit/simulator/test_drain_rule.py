@@ -48,7 +48,7 @@ def test_default_xid63_precursor_is_not_drained_by_the_agent():
     assert direct.action == "none"
     seen = 1.0 + 1.0 / 60  # 01:01, between two repair runs (every 5 min)
     out = _drive(sim, 0, v, seen)
-    assert sim.stats["agent_drains"] == 0 and sim.brain.calls["drain_rule"] == 0
+    assert sim.stats["agent_drains"] == 0 and sim.brain.calls["drain_rule"] == 0  # the agent is not even asked
     # ... but the repair run's plan() drains it, after the TTL, at a run: the same answer as direct plan() calls
     assert out["drained"] is True and sim.stats["plan_drains"] == 1
     cfg = sim.brain.repair_config
@@ -115,3 +115,45 @@ def test_run_interval_is_validated_naming_the_field():
         with pytest.raises(scn.SpecError, match=r"repair\.run_interval_min"):
             scn.validate(scn.override(raw, {"repair.run_interval_min": bad}))
     assert scn.validate(scn.override(raw, {"repair.run_interval_min": 15}))["repair"]["run_interval_min"] == 15
+
+
+class _RuleChecked:
+    """The real brain; every drain-rule answer is checked against drain_decision() on every node's Slurm record
+    (what the agent reads), so the engine's fleet counts give the agent's very decision."""
+
+    def __init__(self, real):
+        self.real, self.calls, self.checked, self.sim = real, real.calls, [], None
+        self.repair_config = real.repair_config
+
+    def judge(self, lines):
+        return self.real.judge(lines)
+
+    def healthy_report(self):
+        return self.real.healthy_report()
+
+    def plan_run(self, *args):
+        return self.real.plan_run(*args)
+
+    def drain_rule(self, verdict, me, fleet, before, now_h):
+        d = self.real.drain_rule(verdict, me, fleet, before, now_h)
+        full = drain_decision(verdict["report"], me.name, self.sim.slurm_nodes(), self.repair_config,
+                              to_epoch(now_h), reason=verdict["drain_reason"])
+        assert (d.action, d.rule, d.forced, d.reason, d.breaker) == (
+            full.action, full.rule, full.forced, full.reason, full.breaker)
+        self.checked.append(d.action)
+        return d
+
+
+def test_engine_drain_rule_equals_drain_decision_on_whole_runs():
+    """Many false positives (Xid 119, unhealthy: the agent's rule decides each) under tight limits: every answer
+    the engine gets equals drain_decision() on the full node list, drains and holds alike."""
+    sc = scn.load(val.SCENARIOS / "default-1k.yaml")
+    sc["false_positive"] = dict(sc["false_positive"], per_node_h=40 / 1000 / 24)  # 40 per 1,000 node-days
+    sc["repair_config"] = {"blast_radius": {"max_unavailable": 20, "min_healthy": 0},
+                           "breaker": {"fraction": "2%", "min_nodes": 3, "window": "1d"}}
+    brain = _RuleChecked(default_brain(sc))
+    sim = Sim(sc, resolve("passive+auto-repair+hot-spares"), 3, brain)
+    brain.sim = sim
+    sim.run()
+    assert len(brain.checked) > 50
+    assert "drain" in brain.checked and "hold" in brain.checked, brain.checked

@@ -92,8 +92,8 @@ class _TextChecked:
     def healthy_report(self):
         return self.real.healthy_report()
 
-    def drain_rule(self, verdict, node, nodes, now_h):
-        return self.real.drain_rule(verdict, node, nodes, now_h)
+    def drain_rule(self, *args):
+        return self.real.drain_rule(*args)
 
     def plan_run(self, nodes, fleet, now_h, approvals=(), breaker=None):
         from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import dumps, plan

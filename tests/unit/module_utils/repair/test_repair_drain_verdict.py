@@ -1,0 +1,48 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""repair.drain.drain_verdict: the last step of the agent's drain rule for a caller that keeps the fleet as
+counts (the simulator). It gives drain_decision()'s answer for the same fleet read node by node."""
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.gpufleet.reliability.plugins.module_utils.health.report import Finding, Report
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import RepairConfig
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.drain import (
+    cannot_run_jobs,
+    drain_decision,
+    drain_verdict,
+)
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.state import Counts, FleetSummary, NodeState
+
+NOW = 1_800_000_000.0
+WARN = Report([Finding("xid", "critical", "GPU has fallen off the bus", "reboot", "xid79", 3)])
+LOST = Report([Finding("gpu_lost", "critical", "GPU is lost", "reboot", "gpu_lost", 3)])
+
+
+def _node(name, out=False, reason="gpufleet: xid79 gpu3", t=NOW - 10, rack="r1"):
+    return {"name": name, "state": "idle", "flags": ["DRAIN"] if out else [], "reason": reason if out else "",
+            "reason_time": t if out else None, "partitions": ["gpu"], "features": [f"rack_{rack}"]}
+
+
+@pytest.mark.parametrize("report", [WARN, LOST])
+@pytest.mark.parametrize("n_out,cfg", [
+    (0, {}),
+    (3, {"blast_radius": {"max_unavailable": 3}, "breaker": {"enabled": False}}),  # blast radius holds a warning
+    (2, {"breaker": {"fraction": "10%", "min_nodes": 3, "window": "5m"}}),  # the third drain trips the breaker
+    (2, {"breaker": {"fraction": "10%", "min_nodes": 3, "window": "5s"}}),  # older than the window: no trip
+])
+def test_counts_give_the_node_by_node_answer(report, n_out, cfg):
+    nodes = [_node(f"n{i:02d}", out=i <= n_out) for i in range(1, 21)]
+    me = "n20"
+    full = drain_decision(report, me, nodes, cfg, NOW)
+    config = RepairConfig.from_dict(cfg)
+    fleet = FleetSummary(20, {"gpu": Counts(20, 20 - n_out, n_out)}, {"rack": {"r1": Counts(20, 20 - n_out, n_out)}})
+    before = [n for n in nodes if n["flags"]]
+    got = drain_verdict(NodeState(me, ("gpu",), {"rack": "r1"}, state="idle"), fleet, before, config, NOW,
+                        forced=cannot_run_jobs(report), reason=report.drain_reason()[:200])
+    assert got == full
+    if n_out == 3 and report is WARN:
+        assert got.action == "hold" and got.rule == "blast_radius"
+    if cfg.get("breaker", {}).get("window") == "5m":
+        assert got.breaker is not None and (got.action == "hold") == (report is WARN)
