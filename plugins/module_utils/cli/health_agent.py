@@ -15,7 +15,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, MutableMapping, Optional, Tuple
 
 from .. import safeyaml
 from ..health import judge, metrics
@@ -38,9 +38,10 @@ class UsageError(Exception):
     pass
 
 
-def _fix_environment(env=None) -> None:
+def _fix_environment(env: Optional[MutableMapping[str, str]] = None) -> None:
     """HealthCheckProgram and systemd start us with (almost) no environment: give PATH and SLURM_CONF defaults."""
-    env = os.environ if env is None else env
+    if env is None:
+        env = os.environ
     path = env.get("PATH", "")
     parts = [p for p in path.split(":") if p]
     for p in DEFAULT_PATH.split(":"):
@@ -107,7 +108,7 @@ def _load_mapping(path: str, what: str) -> Dict[str, Any]:
     return data
 
 
-def _snapshot(args) -> Snapshot:
+def _snapshot(args: argparse.Namespace) -> Snapshot:
     if args.nvidia_smi_xml:
         return read_nvidia_smi_xml(_read(args.nvidia_smi_xml, "--nvidia-smi-xml"))
     if args.nvidia_smi_text:
@@ -133,8 +134,9 @@ def _snapshot(args) -> Snapshot:
     return snap
 
 
-def _kernel_lines(args, state: Dict[str, Any], notes: List[str]):
-    """(lines, new kmsg cursor or None)."""
+def _kernel_lines(args: argparse.Namespace, state: Dict[str, Any],
+                  notes: List[str]) -> Tuple[Any, Optional[Dict[str, Any]]]:
+    """(kernel-log text or events, new kmsg cursor or None)."""
     if args.kmsg == "-":
         return [], None
     if args.kmsg:
@@ -152,14 +154,14 @@ def _hostname() -> str:
     return os.uname().nodename.split(".")[0]
 
 
-def node_name(args=None) -> str:
+def node_name(args: Optional[argparse.Namespace] = None) -> str:
     if args is not None and getattr(args, "node", None):
         return args.node
     return os.environ.get("SLURMD_NODENAME") or _hostname()
 
 
-def slurm_act(report: Report, name: str, client=None, limits: Any = None, settle: float = DRAIN_SETTLE_S,
-              sleep=time.sleep, clock=time.time) -> Dict[str, Any]:
+def slurm_act(report: Report, name: str, client: Any = None, limits: Any = None, settle: float = DRAIN_SETTLE_S,
+              sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time) -> Dict[str, Any]:
     """Drain our own node when unhealthy, or when a finding asks for a drain although no automatic repair applies
     (``report.drain``, e.g. a node-level power brake: verdict degraded, action monitor); never touch a node
     drained/downed by someone else; never resume, except to take back our own warning drain of this very run.
@@ -308,7 +310,7 @@ def table(report: Report, node: str, notes: List[str], slurm: Optional[Dict[str,
     return "\n".join(out)
 
 
-def check(args) -> int:
+def check(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     notes: List[str] = []
     cfg = _load_mapping(args.config, "--config") if args.config else {}
@@ -377,7 +379,7 @@ def check(args) -> int:
     return report.exit_code
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[List[str]] = None) -> int:
     _fix_environment()
     parser = _parser()
     args = parser.parse_args(argv)
