@@ -394,9 +394,3 @@ def _clear_marker(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
-
-
-def fake_config_from_snapshot(snap: Snapshot) -> Dict[str, Any]:
-    """A fake NVML config that replays ``snap`` (the agent's ``--record``); see nvml_fake.fake_config_from_snapshot."""
-    from .nvml_fake import fake_config_from_snapshot as record  # pylint: disable=import-outside-toplevel
-    return record(snap)
