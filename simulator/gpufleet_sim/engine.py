@@ -305,6 +305,7 @@ class Sim:
                       "events": 0}
         self.waiting_jobs: list[Job] = []
         self.out_count = 0
+        self.out_nodes: set[int] = set()  # the nodes out of service (owner -2)
         self.rack_out: dict[int, int] = {}
         self.breaker: BreakerState | None = None  # the circuit breaker's state, persisted from run to run
         self._runs: dict[float, tuple] = {}  # repair run time -> (its event, {node: (record, approvals)})
@@ -821,6 +822,7 @@ class Sim:
             self._idle_remove(n)
         self.owner[n] = -2
         self.out_count += 1
+        self.out_nodes.add(n)
         if self.out_count > self.stats["peak_out"]:
             self.stats["peak_out"] = self.out_count
         r = n // self.rack
@@ -828,6 +830,7 @@ class Sim:
 
     def _bring_back(self, n: int) -> None:
         self.out_count -= 1
+        self.out_nodes.discard(n)
         r = n // self.rack
         left = self.rack_out.get(r, 0) - 1
         if left > 0:
@@ -838,7 +841,9 @@ class Sim:
     def out_of_service(self) -> list:
         """The Slurm records of the nodes out of service that carry a reason and its time (the drains the agent's
         breaker counts); nodes down without a record have neither."""
-        return [rec.slurm for rec in self.recs.values() if rec.slurm is not None and rec.slurm.out_of_service]
+        recs = self.recs
+        return [rec.slurm for rec in (recs.get(n) for n in self.out_nodes)
+                if rec is not None and rec.slurm is not None and rec.slurm.out_of_service]
 
     def fleet_summary(self, batch, spares: bool = True) -> FleetSummary:
         """The whole fleet as one repair run reads it: counts for the partition and for each rack of the nodes
