@@ -232,7 +232,8 @@ def nvml_target() -> Target:
 
 def snapshot_target() -> Target:
     """``gpufleet-health check --snapshot-json FILE`` (a recorded snapshot): the agent's reader, then the rules."""
-    from ansible_collections.gpufleet.reliability.plugins.module_utils.health import Snapshot, agent, judge, smi
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.cli import health_agent as agent
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.health import Snapshot, judge, smi
 
     seeds: List[bytes] = []
     for p in fixtures("gpu/*.xml"):
