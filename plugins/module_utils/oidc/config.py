@@ -12,6 +12,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from ..safeyaml import MAX_FLOW_DEPTH, flow_depth
 from .errors import ConfigError
 from .transport import is_plain_ascii, is_secure_url
 
@@ -340,12 +341,23 @@ def load_config(path: str) -> OIDCConfig:
         raise ConfigError("", f"PyYAML is required to read {path}: {YAML_IMPORT_ERROR}")
     try:
         with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+            text = fh.read()
     except OSError as e:
         raise ConfigError("", f"cannot read configuration {path}: {e.strerror}")
+    except UnicodeDecodeError:
+        raise ConfigError("", f"configuration {path} is not UTF-8 text")
+    # the nesting cap of every YAML file the collection reads (safeyaml): PyYAML recurses per level
+    depth = flow_depth(text)
+    if depth > MAX_FLOW_DEPTH:
+        raise ConfigError("", f"configuration {path} is not valid YAML: nested {depth} levels deep "
+                              f"(at most {MAX_FLOW_DEPTH})")
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         # only the position: the parser's message may quote part of a secret
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         raise ConfigError("", f"configuration {path} is not valid YAML{where}")
+    except (RecursionError, ValueError):  # block nesting too deep; an integer of more than 4300 digits
+        raise ConfigError("", f"configuration {path} is not valid YAML (nested too deeply or a number too long)")
     return parse_config(data)

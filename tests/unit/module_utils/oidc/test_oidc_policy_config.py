@@ -123,3 +123,16 @@ def test_group_gate(make_cfg, over, groups, ok):
 def test_login_user_must_match(make_cfg):
     with pytest.raises(NotAuthorised, match="!= login user"):
         authorise(make_cfg(), {"preferred_username": "alice", "groups": ["hpc-users"]}, "bob")
+
+
+@pytest.mark.parametrize("text", ["issuer: " + "[" * 5000 + "]" * 5000,
+                                  "issuer:\n" + "".join(" " * i + "- \n" for i in range(1, 3000)),
+                                  "issuer: " + "9" * 5000 + "\n",
+                                  "issuer: [unclosed client_secret: s3cr3t-value\n"])
+def test_hostile_config_is_a_config_error_without_the_text(tmp_path, text):
+    """Deep flow or block nesting, a huge integer and broken YAML: a ConfigError that quotes nothing of the file."""
+    p = tmp_path / "oidc.yml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match="not valid YAML") as ei:
+        load_config(str(p))
+    assert "s3cr3t" not in str(ei.value) and "999" not in str(ei.value)
