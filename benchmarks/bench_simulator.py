@@ -31,14 +31,27 @@ class _EngineOnly:
     def healthy_report(self):
         return self.real.healthy_report()
 
-    def plan_node(self, node, fleet, now_h, approvals=(), breaker=None):
+    def drain_rule(self, *a):
+        return self.real.drain_rule(*a)
+
+    def plan_run(self, nodes, fleet, now_h, approvals=(), breaker=None):
         self.calls["plan"] += 1
-        return _Resume
+        return _ResumeAll(nodes)
 
 
-class _Resume:
+class _ResumeAll(list):
+    breaker = None
+
+    def __init__(self, nodes):
+        super().__init__(_Resume1(n.name) for n in nodes)
+
+
+class _Resume1:
     action, rule, needs_approval, approved, code = "resume", "", False, False, ""
     hist = hist_after = None
+
+    def __init__(self, node):
+        self.node = node
 
 
 def timed(sc, label, engine_only=False):
