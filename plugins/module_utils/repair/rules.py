@@ -102,7 +102,8 @@ class Case:
         if step is None or hist is None or hist.incident is None:
             return hist
         out = hist.copy()
-        assert out.incident is not None
+        if out.incident is None:  # a rule reached without what the rule order guarantees
+            raise AssertionError("repair rule order: out.incident is not None")
         out.incident.steps[-1] = step  # finish() replaced the pending step; Steps are never changed in place
         return out
 
@@ -170,7 +171,8 @@ def not_ours(c: Case) -> Optional[Decision]:
     if not c.foreign():
         return None
     n, hist = c.n, c.hist
-    assert hist is not None
+    if hist is None:  # a rule reached without what the rule order guarantees
+        raise AssertionError("repair rule order: hist is not None")
     inc = hist.incident
     pending = inc.pending() if inc is not None else None
     who = "out of service by someone else ({}{})".format(
@@ -211,7 +213,8 @@ def in_progress(c: Case) -> Optional[Decision]:
     """A step in progress: wait until a fresh report verifies it (ok), a fresh sick report fails it, or it times
     out; then the next rules decide. A reboot that never happened is forgotten (it does not count)."""
     hist, n, config, now = c.hist, c.n, c.config, c.now
-    assert hist is not None
+    if hist is None:  # a rule reached without what the rule order guarantees
+        raise AssertionError("repair rule order: hist is not None")
     inc = hist.incident
     pending = inc.pending() if inc is not None else None
     if pending is None:
@@ -283,7 +286,8 @@ def healthy(c: Case) -> Optional[Decision]:
     if c.actionable or not (c.verdict == "healthy" or (c.verdict == "degraded" and c.config.resume_degraded)):
         return None
     hist, n, config, now = c.hist, c.n, c.config, c.now
-    assert hist is not None
+    if hist is None:  # a rule reached without what the rule order guarantees
+        raise AssertionError("repair rule order: hist is not None")
     inc = hist.incident
     cls = inc.failure_class if inc is not None else classify(n.report, config.class_map)
     after = hist.copy()
@@ -326,7 +330,8 @@ def book(c: Case) -> None:
     """Open the incident (first seen ``t0``) or bring it up to date with the report; a person who took the node
     back after an escalation ended that incident."""
     hist, n, now = c.hist, c.n, c.now
-    assert hist is not None
+    if hist is None:  # a rule reached without what the rule order guarantees
+        raise AssertionError("repair rule order: hist is not None")
     cls = c.cls = classify(n.report, c.config.class_map)
     if hist.incident is None:
         hist.open(cls, c.code, c.gpu, c.t0)
@@ -335,7 +340,8 @@ def book(c: Case) -> None:
             hist.close(now, 0)
             hist.open(cls, c.code, c.gpu, now)
         inc = hist.incident
-        assert inc is not None
+        if inc is None:  # a rule reached without what the rule order guarantees
+            raise AssertionError("repair rule order: inc is not None")
         inc.failure_class = cls
         inc.code = c.code
         if c.gpu is not None:
@@ -372,7 +378,8 @@ def breaker(c: Case) -> Optional[Decision]:
 def ttl(c: Case) -> Optional[Decision]:
     """Flap suppression: the finding must persist ``ttl`` before any action."""
     inc = c.hist.incident if c.hist is not None else None
-    assert inc is not None
+    if inc is None:  # a rule reached without what the rule order guarantees
+        raise AssertionError("repair rule order: inc is not None")
     until = inc.first_seen + c.config.ttl_s
     if c.now >= until:
         return None
@@ -418,7 +425,8 @@ def draining(c: Case) -> Optional[Decision]:
 def cooldown(c: Case) -> Optional[Decision]:
     """No new repair before the cooldown after the last repaired incident ends."""
     hist = c.hist
-    assert hist is not None
+    if hist is None:  # a rule reached without what the rule order guarantees
+        raise AssertionError("repair rule order: hist is not None")
     until = hist.cooldown_until
     if until is None or c.now >= until:
         return None
@@ -432,9 +440,11 @@ def cooldown(c: Case) -> Optional[Decision]:
 def escalate(c: Case, reason: str, rule: str) -> Decision:
     """Hand the node to a person (and bring a hot spare in where configured)."""
     hist, config = c.hist, c.config
-    assert hist is not None and hist.incident is not None
+    if hist is None or hist.incident is None:  # a rule reached without what the rule order guarantees
+        raise AssertionError("repair rule order: hist is not None and hist.incident is not None")
     after = hist.copy()
-    assert after.incident is not None
+    if after.incident is None:  # a rule reached without what the rule order guarantees
+        raise AssertionError("repair rule order: after.incident is not None")
     after.incident.escalated = int(c.now)
     spare = None
     if config.spares_enabled and "escalate" in config.spare_on and hist.incident.spare is None:
@@ -448,7 +458,8 @@ def escalate(c: Case, reason: str, rule: str) -> Decision:
 def lemon(c: Case) -> Optional[Tuple[str, str, str]]:
     """A lemon (``lemon.incidents`` incidents within ``lemon.window``): retire it with ``lemon.action``."""
     hist, config, now = c.hist, c.config, c.now
-    assert hist is not None and hist.incident is not None
+    if hist is None or hist.incident is None:  # a rule reached without what the rule order guarantees
+        raise AssertionError("repair rule order: hist is not None and hist.incident is not None")
     if len(hist.past) + 1 < config.lemon_incidents:
         return None  # fewer incidents than that, whatever their times
     lemon_n = hist.incidents_since(now - config.lemon_window_s)
@@ -463,7 +474,8 @@ def lemon(c: Case) -> Optional[Tuple[str, str, str]]:
 def escalate_repairs(c: Case) -> Optional[Tuple[str, str, str]]:
     """``escalate.repairs`` repair steps within ``escalate.window`` on this node: a person should look."""
     hist, config = c.hist, c.config
-    assert hist is not None
+    if hist is None:  # a rule reached without what the rule order guarantees
+        raise AssertionError("repair rule order: hist is not None")
     if len(hist.repairs) < config.escalate_repairs:
         return None  # fewer repairs than that, whatever their times
     recent = len(hist.repairs_since(c.now - config.escalate_window_s))
@@ -476,7 +488,8 @@ def escalate_repairs(c: Case) -> Optional[Tuple[str, str, str]]:
 def incident_attempts(c: Case) -> Optional[Tuple[str, str, str]]:
     """``max_attempts_per_incident`` repair steps in this incident: escalate."""
     inc = c.hist.incident if c.hist is not None else None
-    assert inc is not None
+    if inc is None:  # a rule reached without what the rule order guarantees
+        raise AssertionError("repair rule order: inc is not None")
     attempts = 0
     for s in inc.steps:
         if s.action in REPAIR_STEPS:
@@ -491,7 +504,8 @@ def ladder(c: Case) -> Tuple[str, str, str]:
     """The next rung of the class's ladder, from the first rung at least as drastic as the report's action, one
     step of each kind per incident; none left -> escalate (``ladder_exhausted``)."""
     inc = c.hist.incident if c.hist is not None else None
-    assert inc is not None
+    if inc is None:  # a rule reached without what the rule order guarantees
+        raise AssertionError("repair rule order: inc is not None")
     steps = c.config.ladder_for(c.cls)
     start = ladder_start(steps, c.report_action)
     done = {s.action for s in inc.steps}
@@ -545,7 +559,8 @@ def next_step(c: Case) -> Tuple[str, str, str]:
 def budget(c: Case, step: str) -> Optional[Decision]:
     """Retry budget used (attempts per window, any incident): wait until a slot frees."""
     hist, config = c.hist, c.config
-    assert hist is not None
+    if hist is None:  # a rule reached without what the rule order guarantees
+        raise AssertionError("repair rule order: hist is not None")
     free_at = budget_free_at(hist, config, c.now)
     if free_at is None:
         return None
@@ -572,11 +587,13 @@ def start_step(c: Case, step: str, rule: str, why: str) -> Decision:
     """The step itself: the intent in the history, the hook call and the hot spare where configured, gated by
     approval mode; a runnable step counts as under repair."""
     hist, config, n, now = c.hist, c.config, c.n, c.now
-    assert hist is not None and hist.incident is not None
+    if hist is None or hist.incident is None:  # a rule reached without what the rule order guarantees
+        raise AssertionError("repair rule order: hist is not None and hist.incident is not None")
     inc = hist.incident
     after = hist.copy()
     after.start(step, now)
-    assert after.incident is not None
+    if after.incident is None:  # a rule reached without what the rule order guarantees
+        raise AssertionError("repair rule order: after.incident is not None")
     hook = None
     if step in config.hook_actions:
         hook = HookCall(
