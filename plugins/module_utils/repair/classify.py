@@ -162,15 +162,15 @@ def top_finding(report: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
 
 def classify(report: Optional[Mapping[str, Any]], class_map: Optional[Mapping[str, str]] = None) -> str:
     """Failure class of a report: one of FAILURE_CLASSES."""
-    class_map = class_map or {}
     if not report:
         return "probe"
-    keys = [str(report.get("code") or "")]
+    class_map = class_map or _NO_MAP
+    found = _lookup(str(report.get("code") or ""), class_map)
+    if found:
+        return found
     f = top_finding(report)
     if f is not None:
-        keys += [str(f.get("code") or ""), str(f.get("check") or "")]
-    for key in keys:
-        found = _lookup(key, class_map)
+        found = _lookup(str(f.get("code") or ""), class_map) or _lookup(str(f.get("check") or ""), class_map)
         if found:
             return found
     if report.get("verdict") == "unknown":
@@ -178,8 +178,12 @@ def classify(report: Optional[Mapping[str, Any]], class_map: Optional[Mapping[st
     return "other"
 
 
+_NO_MAP: Mapping[str, str] = {}
+_ACTIONS_OF_REPORTS = frozenset(("none", "monitor") + REPAIR_STEPS)
+
+
 def check_report(report: Any, where: str) -> Tuple[str, str, str, Optional[int]]:
-    """Validate a report dict; returns (verdict, action, code, gpu)."""
+    """Validate a report dict; returns (verdict, action, code, gpu). ``where`` names the report in errors."""
     if report is None:
         return "unknown", "none", "no_report", None
     if not isinstance(report, Mapping):
@@ -190,7 +194,7 @@ def check_report(report: Any, where: str) -> Tuple[str, str, str, Optional[int]]
     if verdict not in VERDICTS:
         raise RepairError("{}.verdict: expected one of {}, got {!r}".format(where, ", ".join(VERDICTS), verdict))
     action = report.get("action") or "none"
-    if action not in ("none", "monitor") + REPAIR_STEPS:
+    if action not in _ACTIONS_OF_REPORTS:
         raise RepairError(
             "{}.action: expected one of none, monitor, {}, got {!r}".format(where, ", ".join(REPAIR_STEPS), action)
         )
@@ -203,3 +207,4 @@ def check_report(report: Any, where: str) -> Tuple[str, str, str, Optional[int]]
     if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int)):
         gpu = None
     return verdict, action, code, gpu
+

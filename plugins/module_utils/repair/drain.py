@@ -207,8 +207,8 @@ def drain_verdict(me: NodeState, fl: FleetSummary, before: Iterable[Any], config
     brk = None
     if config.breaker_enabled:
         since = now - config.breaker_window_s
-        recent = [n for n in before
-                  if str(_get(n, "reason") or "").startswith(config.reason_prefix) and _key(n)[0] >= since]
+        prefix = config.reason_prefix
+        recent = [n for n in before if str(_get(n, "reason") or "").startswith(prefix) and _key(n)[0] >= since]
         threshold = breaker_threshold(config, fl.total)
         if len(recent) + 1 >= threshold:
             brk = (

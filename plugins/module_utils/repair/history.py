@@ -183,17 +183,10 @@ class History:
         inc = self.incident
         if inc is None:
             return None
-        return Incident(
-            id=inc.id,
-            failure_class=inc.failure_class,
-            code=inc.code[:MAX_CODE],
-            gpu=inc.gpu,
-            first_seen=inc.first_seen,
-            steps=list(inc.steps),  # Steps are never changed in place
-            escalated=inc.escalated,
-            spare=inc.spare or None,
-            hooks=list(inc.hooks),
-        )
+        # id, failure_class, code, gpu, first_seen, steps (never changed in place: a list copy will do), escalated,
+        # spare, hooks (positional: this runs twice per decision)
+        return Incident(inc.id, inc.failure_class, inc.code[:MAX_CODE], inc.gpu, inc.first_seen, list(inc.steps),
+                        inc.escalated, inc.spare or None, list(inc.hooks))
 
     def copy(self) -> History:
         """A deep copy (what loads(dumps(self)) gives, without the text round trip)."""

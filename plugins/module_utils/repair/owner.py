@@ -21,6 +21,7 @@ OUT_FLAGS = frozenset({"DRAIN", "FAIL"})
 #: Base states (upper case) of a node out of service.
 OUT_STATES = frozenset({"DOWN", "DRAINED", "DRAINING", "DRAIN", "FAIL", "FAILING"})
 _OUT_ANY_FLAG = OUT_FLAGS | {"DOWN"}
+_OUT_STATES_LOWER = frozenset(s.lower() for s in OUT_STATES)  # NodeState keeps its base state in lower case
 
 
 def out_of_service(state: Optional[str], flags: Iterable[str] = ()) -> bool:
@@ -33,7 +34,7 @@ def out_of_service(state: Optional[str], flags: Iterable[str] = ()) -> bool:
 
 def out_of_service_split(base: str, flags: AbstractSet[str]) -> bool:
     """out_of_service() of a state already split: ``base`` one word (any case), ``flags`` upper case."""
-    return base.upper() in OUT_STATES or not _OUT_ANY_FLAG.isdisjoint(flags)
+    return base in _OUT_STATES_LOWER or base.upper() in OUT_STATES or not _OUT_ANY_FLAG.isdisjoint(flags)
 
 
 def foreign_reason(

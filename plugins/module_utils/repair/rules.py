@@ -107,11 +107,22 @@ class Case:
         out.incident.steps[-1] = step  # finish() replaced the pending step; Steps are never changed in place
         return out
 
-    def inc_kw(self) -> Dict[str, Any]:
-        """The decision fields of the booked incident (rules 4-10)."""
-        kw = inc_kw(self.hist.incident if self.hist is not None else None)
-        kw["failure_class"] = self.cls
-        return kw
+    def mk_inc(self, action: str, reason: str, rule: str, earliest: Optional[float] = None, **kw: Any) -> Decision:
+        """mk() for rules 4-10: the decision names the booked incident and its failure class."""
+        inc = self.hist.incident if self.hist is not None else None
+        return Decision(
+            node=self.n.name,
+            action=action,
+            reason=reason,
+            earliest=float(self.now if earliest is None else earliest),
+            partition=self.part,
+            code=self.code,
+            gpu=self.gpu,
+            rule=rule,
+            incident=None if inc is None else str(inc.id),
+            failure_class=self.cls,
+            **kw,
+        )
 
     def foreign(self) -> Optional[str]:
         return self.n.foreign(self.config.reason_prefix)
@@ -357,21 +368,19 @@ def escalated(c: Case) -> Optional[Decision]:
     inc = c.hist.incident if c.hist is not None else None
     if inc is None or inc.escalated is None:
         return None
-    return c.mk("hold", f"escalated at {inc.escalated}; waiting for a person", "escalated", hist=c.booked,
-                **c.inc_kw())
+    return c.mk_inc("hold", f"escalated at {inc.escalated}; waiting for a person", "escalated", hist=c.booked)
 
 
 def breaker(c: Case) -> Optional[Decision]:
     """The circuit breaker is tripped: hold until a person resets it."""
     if not c.brk.tripped:
         return None
-    return c.mk(
+    return c.mk_inc(
         "hold",
         f"circuit breaker tripped ({c.brk.reason}); a person must reset it",
         "breaker",
         hist=c.booked,
         slurm_reason=held_reason(c.n, c.config, c.code, BREAKER_HELD),
-        **c.inc_kw(),
     )
 
 
@@ -383,13 +392,12 @@ def ttl(c: Case) -> Optional[Decision]:
     until = inc.first_seen + c.config.ttl_s
     if c.now >= until:
         return None
-    return c.mk(
+    return c.mk_inc(
         "wait",
         f"{c.code} first seen at {inc.first_seen}; must persist {c.config.ttl_s:g}s before action",
         "ttl",
         earliest=until,
         hist=c.booked,
-        **c.inc_kw(),
     )
 
 
@@ -400,16 +408,14 @@ def drain(c: Case) -> Optional[Decision]:
         return None
     block = c.limits.drain_block(n)
     if block:
-        return c.mk("hold", f"should drain ({c.code}) but {block}", "blast_radius_drain", hist=c.booked,
-                    **c.inc_kw())
+        return c.mk_inc("hold", f"should drain ({c.code}) but {block}", "blast_radius_drain", hist=c.booked)
     c.limits.take_drain(n)
-    d = c.mk(
+    d = c.mk_inc(
         "drain",
         "{} {}{}".format(c.verdict, c.code, f" gpu{c.gpu}" if c.gpu is not None else ""),
         "drain",
         hist=c.booked,
         hist_after=c.booked,
-        **c.inc_kw(),
     )
     return gate(d, c.config, c.approved, c.now)
 
@@ -418,8 +424,7 @@ def draining(c: Case) -> Optional[Decision]:
     """Drained but jobs still running: wait a minute."""
     if not c.n.busy:
         return None
-    return c.mk("wait", "draining: jobs still running", "draining", earliest=c.now + 60, hist=c.booked,
-                **c.inc_kw())
+    return c.mk_inc("wait", "draining: jobs still running", "draining", earliest=c.now + 60, hist=c.booked)
 
 
 def cooldown(c: Case) -> Optional[Decision]:
@@ -430,8 +435,8 @@ def cooldown(c: Case) -> Optional[Decision]:
     until = hist.cooldown_until
     if until is None or c.now >= until:
         return None
-    return c.mk("wait", f"cooldown after the last repair until {until}", "cooldown", earliest=until,
-                hist=c.booked, **c.inc_kw())
+    return c.mk_inc("wait", f"cooldown after the last repair until {until}", "cooldown", earliest=until,
+                    hist=c.booked)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -451,7 +456,7 @@ def escalate(c: Case, reason: str, rule: str) -> Decision:
         spare = c.limits.take_spare(c.n)
         if spare is not None:
             after.incident.spare = spare.spare or "?"
-    d = c.mk("escalate", reason, rule, hist=c.booked, hist_after=after, spare=spare, **c.inc_kw())
+    d = c.mk_inc("escalate", reason, rule, hist=c.booked, hist_after=after, spare=spare)
     return gate(d, config, c.approved, c.now)
 
 
@@ -565,13 +570,12 @@ def budget(c: Case, step: str) -> Optional[Decision]:
     if free_at is None:
         return None
     used = len(hist.repairs_since(c.now - config.budget_window_s))
-    return c.mk(
+    return c.mk_inc(
         "wait",
         f"retry budget used: {used} attempts in {config.budget_window_s / 3600:g}h (limit {config.budget_attempts})",
         "budget",
         earliest=free_at,
         hist=c.booked,
-        **c.inc_kw(),
     )
 
 
@@ -580,7 +584,7 @@ def blast_radius(c: Case, step: str) -> Optional[Decision]:
     block = c.limits.repair_block(c.n)
     if not block:
         return None
-    return c.mk("hold", f"{step} next, but {block}", "blast_radius", hist=c.booked, **c.inc_kw())
+    return c.mk_inc("hold", f"{step} next, but {block}", "blast_radius", hist=c.booked)
 
 
 def start_step(c: Case, step: str, rule: str, why: str) -> Decision:
@@ -611,7 +615,7 @@ def start_step(c: Case, step: str, rule: str, why: str) -> Decision:
         spare = c.limits.take_spare(n)
         if spare is not None:
             after.incident.spare = spare.spare or "?"
-    d = c.mk(step, why, rule, hist=c.booked, hist_after=after, hook=hook, spare=spare, **c.inc_kw())
+    d = c.mk_inc(step, why, rule, hist=c.booked, hist_after=after, hook=hook, spare=spare)
     d = gate(d, config, c.approved, now)
     if d.runnable:
         c.limits.take_active(n, started_now=True)
