@@ -65,6 +65,7 @@ class Limits:
         self.spares_taken: Set[str] = set()
         self._node_groups: Dict[str, List[Tuple[GroupKey, Counts, int]]] = {}
         self._need: Dict[str, int] = {}  # partition -> nodes min_healthy keeps available
+        self._seen_groups: Dict[GroupKey, Optional[Tuple[GroupKey, Counts, int]]] = {}
 
     def _groups(self, node: NodeState) -> List[Tuple[GroupKey, Counts, int]]:
         """The node's partitions and failure domains that have a limit: (key, counts, limit as a node count)."""
@@ -75,21 +76,30 @@ class Limits:
 
     def _find_groups(self, node: NodeState) -> List[Tuple[GroupKey, Counts, int]]:
         out: List[Tuple[GroupKey, Counts, int]] = []
-        parts = self.fleet.partitions
+        group = self._group
         for p in node.partitions:
-            c = parts.get(p)
-            if c is not None:
-                out.append((("partition", p), c, limit_of(c, self.config.max_unavailable)))
+            g = group(("partition", p), self.config.max_unavailable)
+            if g is not None:
+                out.append(g)
         if node.domains:
             limits = self.config.domain_limits
             for kind, dom in node.domains.items():
                 limit = limits.get(kind)
-                if limit is None:
-                    continue
-                dc = self.fleet.domain(kind, dom)
-                if dc is not None:
-                    out.append(((kind, dom), dc, limit_of(dc, limit)))
+                if limit is not None:
+                    g = group((kind, dom), limit)
+                    if g is not None:
+                        out.append(g)
         return out
+
+    def _group(self, key: GroupKey, limit: Limit) -> Optional[Tuple[GroupKey, Counts, int]]:
+        """(key, counts, limit as a node count) of one partition or domain, read once per plan."""
+        if key in self._seen_groups:
+            return self._seen_groups[key]
+        kind, name = key
+        c = self.fleet.partitions.get(name) if kind == "partition" else self.fleet.domain(kind, name)
+        g = None if c is None else (key, c, limit_of(c, limit))
+        self._seen_groups[key] = g
+        return g
 
     def min_healthy_block(self, node: NodeState) -> Optional[str]:
         """``min_healthy``: why the node's partition has too few nodes available for automation to act, or None."""
