@@ -110,19 +110,8 @@ class Case:
     def mk_inc(self, action: str, reason: str, rule: str, earliest: Optional[float] = None, **kw: Any) -> Decision:
         """mk() for rules 4-10: the decision names the booked incident and its failure class."""
         inc = self.hist.incident if self.hist is not None else None
-        return Decision(
-            node=self.n.name,
-            action=action,
-            reason=reason,
-            earliest=float(self.now if earliest is None else earliest),
-            partition=self.part,
-            code=self.code,
-            gpu=self.gpu,
-            rule=rule,
-            incident=None if inc is None else str(inc.id),
-            failure_class=self.cls,
-            **kw,
-        )
+        return self.mk(action, reason, rule, earliest, incident=None if inc is None else str(inc.id),
+                       failure_class=self.cls, **kw)
 
     def foreign(self) -> Optional[str]:
         return self.n.foreign(self.config.reason_prefix)
