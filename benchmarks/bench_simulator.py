@@ -18,29 +18,17 @@ from pathlib import Path
 
 from gpufleet_sim import scenario as scn
 from gpufleet_sim import validate as val
-from gpufleet_sim.brain import default_brain
+from gpufleet_sim.brain import CollectionBrain, default_brain
 from gpufleet_sim.policies import resolve
 from gpufleet_sim.runner import run_one
 
 POL = resolve("passive+auto-repair+hot-spares")
 
 
-class _EngineOnly:
-    """Measurement harness only (never used by the CLI or the tests): judge() stays real and cached, but every
-    repair.plan() answer is replaced by an immediate 'resume', so the figure is the engine's own cost."""
-
-    def __init__(self, real):
-        self.real = real
-        self.calls = {"judge": 0, "judge_cached": 0, "plan": 0}
-
-    def judge(self, lines):
-        return self.real.judge(lines)
-
-    def healthy_report(self):
-        return self.real.healthy_report()
-
-    def drain_rule(self, *a):
-        return self.real.drain_rule(*a)
+class _EngineOnly(CollectionBrain):
+    """Measurement harness only (never used by the CLI or the tests): judge() and the drain rule stay real, but
+    every repair run is answered 'resume' without plan(), so the figure is the engine's own cost (of another
+    workload: nodes come back at once)."""
 
     def plan_run(self, nodes, fleet, now_h, approvals=(), breaker=None):
         self.calls["plan"] += 1
@@ -62,29 +50,24 @@ class _Resume1:
         self.node = node
 
 
-class _PlanClock:
+class _PlanClock(CollectionBrain):
     """Measurement harness only: the real brain, with the CPU time spent inside its repair runs (plan()) summed, so
     the same run splits into brain and engine."""
 
-    def __init__(self, real):
-        self.real, self.calls, self.plan_cpu = real, real.calls, 0.0
-        self.judge, self.healthy_report, self.drain_rule = real.judge, real.healthy_report, real.drain_rule
+    plan_cpu = 0.0
 
     def plan_run(self, *a, **kw):
         t = time.process_time()
         try:
-            return self.real.plan_run(*a, **kw)
+            return super().plan_run(*a, **kw)
         finally:
             self.plan_cpu += time.process_time() - t
 
 
 def timed(sc, label, engine_only=False):
-    brain = default_brain(sc)
+    brain = default_brain(sc, cls=_EngineOnly if engine_only else _PlanClock)
     if engine_only:
-        brain = _EngineOnly(brain)
         label += " [engine only, repair decisions not timed]"
-    else:
-        brain = _PlanClock(brain)
     t, cpu = time.perf_counter(), time.process_time()
     r = run_one(sc, POL, 1, brain)
     dt, dcpu = time.perf_counter() - t, time.process_time() - cpu
@@ -164,9 +147,7 @@ def main():
             sc = scn.validate(scn.override(base, {"jobs[0].nodes": 2048, "cluster.nodes": 2304, "horizon_days": days}))
             best = None
             for _unused in range(3):
-                brain = default_brain(sc)
-                if engine_only:
-                    brain = _EngineOnly(brain)
+                brain = default_brain(sc, cls=_EngineOnly if engine_only else CollectionBrain)
                 t = time.process_time()
                 r = run_one(sc, POL, 1, brain)
                 dt = time.process_time() - t

@@ -98,5 +98,7 @@ def to_hours(epoch: float) -> float:
     return (epoch - EPOCH0) / 3600.0
 
 
-def default_brain(sc: dict, mode: str = "automatic") -> CollectionBrain:
-    return CollectionBrain(sc.get("health_config"), sc.get("repair_config"), mode=mode)
+def default_brain(sc: dict, mode: str = "automatic", cls: type = CollectionBrain) -> CollectionBrain:
+    """The brain of scenario ``sc``; ``cls`` a subclass for a harness that watches or replaces its repair runs
+    (tests, benchmarks)."""
+    return cls(sc.get("health_config"), sc.get("repair_config"), mode=mode)

@@ -7,33 +7,24 @@ import copy
 from ansible_collections.gpufleet.reliability.plugins.module_utils import repair
 from gpufleet_sim import scenario as scn
 from gpufleet_sim import validate as val
-from gpufleet_sim.brain import default_brain, to_epoch
+from gpufleet_sim.brain import CollectionBrain, default_brain, to_epoch
 from gpufleet_sim.engine import Sim
 from gpufleet_sim.policies import resolve
 
 XID63 = "NVRM: Xid (PCI:0000:18:00): 63, pid=48213, name=python, Row remapping pending"
 
 
-class _Recording:
+class _Recording(CollectionBrain):
     """The real brain; every repair run's inputs (copied) and its Plan are kept for a direct plan() replay."""
 
-    def __init__(self, real):
-        self.real, self.calls, self.runs = real, real.calls, []
-        self.repair_config = real.repair_config
-
-    def judge(self, lines):
-        return self.real.judge(lines)
-
-    def healthy_report(self):
-        return self.real.healthy_report()
-
-    def drain_rule(self, *a):
-        return self.real.drain_rule(*a)
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.runs = []
 
     def plan_run(self, nodes, fleet, now_h, approvals=(), breaker=None):
         inputs = (copy.deepcopy(list(nodes)), copy.deepcopy(fleet), to_epoch(now_h), set(approvals),
                   copy.deepcopy(breaker))
-        p = self.real.plan_run(nodes, fleet, now_h, approvals, breaker)
+        p = super().plan_run(nodes, fleet, now_h, approvals, breaker)
         self.runs.append((inputs, p))
         return p
 
@@ -44,7 +35,7 @@ def _sim(repair_config, policy="passive+auto-repair+hot-spares"):
     sc["faults"] = []  # the test strikes by hand
     sc["false_positive"] = None
     sc["repair_config"] = repair_config
-    brain = _Recording(default_brain(sc))
+    brain = default_brain(sc, cls=_Recording)
     return Sim(sc, resolve(policy), 1, brain), brain, fault
 
 
