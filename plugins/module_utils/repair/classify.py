@@ -207,4 +207,3 @@ def check_report(report: Any, where: str) -> Tuple[str, str, str, Optional[int]]
     if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int)):
         gpu = None
     return verdict, action, code, gpu
-
