@@ -179,7 +179,7 @@ def classify(report: Optional[Mapping[str, Any]], class_map: Optional[Mapping[st
 
 
 _NO_MAP: Mapping[str, str] = {}
-_ACTIONS_OF_REPORTS = frozenset(("none", "monitor") + REPAIR_STEPS)
+_ACTIONS_OF_REPORTS = ("none", "monitor") + REPAIR_STEPS  # a tuple: an unhashable action must fail as a RepairError
 
 
 def check_report(report: Any, where: str) -> Tuple[str, str, str, Optional[int]]:

@@ -146,6 +146,9 @@ def test_unreadable_history_on_someone_elses_node_is_still_theirs():
 @pytest.mark.parametrize("bad,field", [
     ({"report": {"verdict": "exploded"}}, "attention[node1].report.verdict"),
     ({"report": {"verdict": "unhealthy", "action": "explode"}}, "report.action"),
+    # unhashable values from a hostile report: a clear error, never a TypeError
+    ({"report": {"verdict": ["unhealthy"]}}, "report.verdict"),
+    ({"report": {"verdict": "unhealthy", "action": ["reboot"]}}, "report.action"),
     ({"report": None, "report_error": "node1.json: Expecting ',' delimiter: line 1 column 40"}, "node1.json"),
 ])
 def test_unusable_report_holds_that_node_only(bad, field):
