@@ -11,9 +11,10 @@ import subprocess
 
 from adoption_helpers import REPO, build_tarball, tarball_files
 
-# Tracked files that are development machinery, not the collection (galaxy.yml: in MANIFEST.json; tests/thirdparty:
-# third-party software the test suite runs).
-NOT_SHIPPED_TRACKED = (".gitignore", ".ansible-lint", ".ci/", "galaxy.yml", "tests/thirdparty/")
+# Tracked files that are development machinery, not the collection (galaxy.yml: in MANIFEST.json; tests/thirdparty
+# and benchmarks/thirdparty: third-party software the test suite and the benchmarks run).
+NOT_SHIPPED_TRACKED = (".gitignore", ".ansible-lint", ".ci/", "galaxy.yml", "tests/thirdparty/",
+                       "benchmarks/thirdparty/")
 
 # What a checkout grows after `make setup`, `make demo`, `make test` and ansible-test, at several depths.
 GROWN = [
