@@ -96,7 +96,8 @@ OURS_RUN = ("import time; from gpufleet_sim import scenario as scn, validate as 
 def _child_cpu(code, pythonpath=None):
     env = dict(os.environ)
     if pythonpath:
-        env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
+        # no empty entry: an empty PYTHONPATH part would put the working directory on the child's path
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env.get("PYTHONPATH", "")) if p)
     out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True)
     return float(out.stdout.strip().splitlines()[-1])
 
