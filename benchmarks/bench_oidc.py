@@ -17,14 +17,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "collections"))
-sys.path.insert(0, str(REPO / "tests" / "unit" / "module_utils" / "oidc"))
-
-from oidc_forge import AUD, ISSUER, claims_for, make_private_jwks, public_jwks, sign, unsigned  # noqa: E402
+sys.path.insert(0, str(REPO / "tests"))  # the test forge: tests/support/oidc_forge.py
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.config import parse_config  # noqa: E402
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.errors import TokenRejected  # noqa: E402
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.jwks import JWKSCache  # noqa: E402
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.validator import TokenValidator  # noqa: E402
+from support.oidc_forge import AUD, ISSUER, claims_for, make_private_jwks, public_jwks, sign, unsigned  # noqa: E402
 
 
 def med_ms(fn, n):

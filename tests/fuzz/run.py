@@ -18,10 +18,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# A script, not a test: the harnesses are in tests/support (the unit suite's fuzz smoke uses them too), so tests/
+# goes on the path here, as pytest's pythonpath puts it for the tests.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import fuzz_engine as engine  # noqa: E402
-import fuzz_targets as targets  # noqa: E402
+from support import fuzz_engine as engine  # noqa: E402
+from support import fuzz_targets as targets  # noqa: E402
 
 
 def _child(make, n, start, seed, deadline, mem_mib, as_mib, budget_s, index, conn):

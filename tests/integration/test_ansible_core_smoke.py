@@ -9,12 +9,10 @@ slurm_conf modules, templates, copies and handlers - against a JWKS served on lo
 """
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
 import ansible_runner
@@ -22,10 +20,10 @@ import pytest
 import yaml
 from ansible.release import __version__ as ANSIBLE_CORE
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "unit" / "module_utils" / "oidc"))
+from support.oidc_forge import make_private_jwks, public_jwks, serve_json
 
-from oidc_forge import make_private_jwks, public_jwks  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.ansible  # runs real Ansible: in the 2.21 lane too (make unit-221)
 
 
 @pytest.fixture
@@ -34,28 +32,8 @@ def jwks_server():
     keys = public_jwks(make_private_jwks(1))["keys"] + public_jwks(make_private_jwks(2))["keys"]
     nokid = dict([k for k in keys if k["kty"] == "RSA"][0])
     nokid.pop("kid")
-    body = json.dumps({"keys": keys + [nokid]}).encode()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's name)
-            status = 200 if self.path == "/jwks" else 404
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body) if status == 200 else 0))
-            self.end_headers()
-            if status == 200:
-                self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/jwks"
-    server.shutdown()
-    server.server_close()
-    thread.join(10)
+    with serve_json({"keys": keys + [nokid]}) as url:
+        yield url
 
 
 @pytest.fixture(autouse=True)

@@ -7,13 +7,11 @@ check mode runs in the repair lab tests)."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
 import ansible_runner
@@ -22,11 +20,8 @@ import yaml
 from cryptography.hazmat.primitives.asymmetric import rsa
 from joserfc.jwk import RSAKey
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "oidc"))
-import oidclab  # noqa: E402
-
-SITE = oidclab.SITE
-run_sshd_dir = oidclab.run_sshd_dir  # the fixture: sshd -t needs /run/sshd (made only if missing)
+from support.oidc_forge import serve_json
+from support.oidclab import SITE
 
 NODE_PYTHON = "/usr/bin/python3"
 SLURM_CONF = "ClusterName=site\nSlurmctldHost=head\n" \
@@ -40,28 +35,8 @@ ROLES = ["gpu_health", "startup_scripts", "slurm_reliability", "slurm_rest_jwt",
 def jwks_uri():
     """A real HTTP server on loopback serving a real public RSA JWKS (the IdP's keys endpoint)."""
     key = RSAKey.import_key(rsa.generate_private_key(public_exponent=65537, key_size=2048))
-    body = json.dumps({"keys": [key.as_dict(private=False) | {"kid": "k1", "use": "sig", "alg": "RS256"}]}).encode()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's name)
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/jwks"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+    with serve_json({"keys": [key.as_dict(private=False) | {"kid": "k1", "use": "sig", "alg": "RS256"}]}) as url:
+        yield url
 
 
 def fresh_root(root: Path) -> None:

@@ -23,12 +23,11 @@ import ansible_runner
 import pytest
 import yaml
 
+from support.repair_lab import RepairLab, wait_until
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 NHC_TARBALL = REPO / "tests" / "thirdparty" / "nhc" / "nhc-1.4.3.tar.gz"
-sys.path.insert(0, str(REPO / "tests" / "integration" / "repair"))
-
-from repair_lab_helpers import RepairLab, wait_until  # noqa: E402
 
 
 def install_nhc(base: Path, lab, failing_node: str) -> Path:

@@ -15,20 +15,14 @@ import secrets
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "oidc"))
-
-from oidclab import SITE, _run, converse, free_port, run_sshd_dir  # noqa: E402
-from test_oidc_login_role import _wait_port  # noqa: E402
+from support.oidclab import SITE, _run, converse, free_port, remove_user, wait_port
 
 pytestmark = pytest.mark.idp
-__all__ = ["run_sshd_dir"]  # the fixture, used by name below
 CONFIG = {"issuer": "https://idp.example.test/realms/hpc", "audience": "urn:gpufleet:ssh",
           "username_claim": "preferred_username", "groups_claim": "groups", "allowed_groups": ["hpc-users"]}
 
@@ -43,11 +37,7 @@ def password_user():
                        check=False)
     assert r.returncode == 0, r.stderr
     yield name, password
-    deadline = time.monotonic() + 15
-    while _run("userdel", "-r", name).returncode not in (0, 6, 12) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if _run("getent", "passwd", name).returncode == 0:
-        _run("userdel", "-r", "-f", name)
+    remove_user(name)
 
 
 class Node:
@@ -135,7 +125,7 @@ class Node:
                 sshd = subprocess.Popen([str(binary), "-D", "-e", "-f", str(self.sshd_config)], stdout=log,
                                         stderr=subprocess.STDOUT)
             try:
-                _wait_port(self.port, sshd)
+                wait_port(self.port, sshd)
                 rc, out = _ssh_password(self.port, user, password)
                 assert rc == 0 and out.strip().splitlines()[-1].strip() == user, \
                     out + (self.work / "sshd.log").read_text()

@@ -1,5 +1,5 @@
 """The Slurm lab's health hook for the loop test: the real node agent on the repair lab's replayed GPUs and
-injected faults (tests/integration/repair/fakegpu.py), with --slurm (drains its own node), --report-file (what the
+injected faults (tests/support/fakegpu.py), with --slurm (drains its own node), --report-file (what the
 repair plan reads) and --textfile (what node_exporter serves). Logs each drain it makes with the time.
 
     eda_lab_hook.py LAB TEXTFILE_ROOT      (SLURMD_NODENAME names the node, as slurmd sets it)
@@ -13,8 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "repair"))
-import fakegpu  # noqa: E402 - the repair lab's GPU stand-in
+# slurmd runs this file as a script (the hook test_loop_lab.py writes), not pytest: tests/ goes on the path here
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from support import fakegpu  # noqa: E402 - the repair lab's GPU stand-in
 
 
 def main(lab: Path, textfile_root: Path) -> int:

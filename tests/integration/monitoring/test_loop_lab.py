@@ -28,8 +28,7 @@ from conftest import (
     wait_for,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "repair"))
-from repair_lab_helpers import REPO, RepairLab  # noqa: E402 - the repair lab (fakegpu GPUs, repair.yml runs)
+from support.repair_lab import REPO, RepairLab  # the repair lab (fakegpu GPUs, repair.yml runs)
 
 pytestmark = pytest.mark.lab
 HOOK = Path(__file__).resolve().parent / "eda_lab_hook.py"

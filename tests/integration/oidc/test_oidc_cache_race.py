@@ -27,12 +27,12 @@ import time
 from pathlib import Path
 
 import pytest
-from oidc_forge import AUD, ISSUER, claims_for, make_private_jwks, public_jwks, sign
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.config import parse_config
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.errors import OIDCError
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.jwks import JWKSCache
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.validator import TokenValidator
+from support.oidc_forge import AUD, ISSUER, claims_for, make_private_jwks, public_jwks, sign
 
 AT_FDCWD = -100
 RENAME_EXCHANGE = 2

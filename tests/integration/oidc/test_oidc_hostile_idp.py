@@ -14,8 +14,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from oidc_forge import claims_for, make_private_jwks, public_jwks, sign
-from oidclab import AUD, PREFIX, pamtester, write_config
+
+from support.oidc_forge import claims_for, make_private_jwks, public_jwks, sign
+from support.oidclab import AUD, PREFIX, pamtester, write_config
 
 CLI = str(Path(sys.prefix) / "bin" / "gpufleet-oidc")
 ALICE = f"{PREFIX}alice"

@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from oidc_forge import claims_for, make_private_jwks, sign
-from oidclab import AUD, PREFIX, approve, approve_later, real_token, write_config
+
+from support.oidc_forge import claims_for, make_private_jwks, sign
+from support.oidclab import AUD, PREFIX, approve, approve_later, real_token, write_config
 
 pytestmark = pytest.mark.idp
 CLI = str(Path(sys.prefix) / "bin" / "gpufleet-oidc")
@@ -86,7 +87,7 @@ def test_hostile_tokens_through_cli_with_logged_reason(module_idp, tmp_path):
     cfg = write_config(tmp_path / "c.yml", module_idp.issuer, tmp_path / "cache")
     priv = json.loads(module_idp.jwks_path.read_text())
     iss = module_idp.issuer
-    from oidc_forge import encrypted, hs256_with_public_pem, padded_to, tamper_payload, unsigned
+    from support.oidc_forge import encrypted, hs256_with_public_pem, padded_to, tamper_payload, unsigned
 
     good = sign(priv, claims_for(iss, AUD, user=ALICE))
     assert cli(cfg, good).returncode == 0

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from oidclab import PREFIX, approve, write_config
+
+from support.oidclab import PREFIX, approve, write_config
 
 pytestmark = pytest.mark.idp
 CLI = str(Path(sys.prefix) / "bin" / "gpufleet-oidc")

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from oidclab import LOOK_ALIKES, PREFIX, approve, pamtester, real_token, ssh_login, write_config
+
+from support.oidclab import LOOK_ALIKES, PREFIX, approve, pamtester, real_token, ssh_login, write_config
 
 pytestmark = pytest.mark.idp
 CLI = str(Path(sys.prefix) / "bin" / "gpufleet-oidc")

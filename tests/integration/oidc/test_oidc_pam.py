@@ -7,8 +7,9 @@ import json
 import re
 
 import pytest
-from oidc_forge import claims_for, sign
-from oidclab import AUD, PREFIX, approve, pamtester, real_token, write_config
+
+from support.oidc_forge import claims_for, sign
+from support.oidclab import AUD, PREFIX, approve, pamtester, real_token, write_config
 
 pytestmark = pytest.mark.idp
 ALICE, BOB, CAROL, DAVE = (f"{PREFIX}{n}" for n in ("alice", "bob", "carol", "dave"))
@@ -75,7 +76,7 @@ def test_token_mode(svc, pam_env, module_idp, tmp_path):
     rc, out = pamtester(service, ALICE, lambda p: at)
     assert rc != 0 and "!= login user" in pam_env.log_text()
     priv = json.loads(module_idp.jwks_path.read_text())
-    from oidc_forge import unsigned
+    from support.oidc_forge import unsigned
 
     for tok, reason in ((unsigned(claims_for(module_idp.issuer, AUD, user=ALICE)), "algorithm not allowed"),
                         (sign(priv, claims_for(module_idp.issuer, "urn:x", user=ALICE)), "invalid claim: aud"),

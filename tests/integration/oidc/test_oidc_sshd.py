@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from oidclab import PREFIX, approve, real_token, ssh_login, write_config
+
+from support.oidclab import PREFIX, approve, real_token, ssh_login, write_config
 
 pytestmark = pytest.mark.idp
 ALICE, BOB, DAVE = (f"{PREFIX}{n}" for n in ("alice", "bob", "dave"))

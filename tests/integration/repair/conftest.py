@@ -1,6 +1,6 @@
 # Copyright (c) gpufleet.reliability contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Fixture for the repair lab tests (helpers in repair_lab_helpers.py, a unique module name)."""
+"""Fixture for the repair lab tests (the helpers are in tests/support/repair_lab.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from repair_lab_helpers import RepairLab
+
+from support.repair_lab import RepairLab
 
 
 @pytest.fixture

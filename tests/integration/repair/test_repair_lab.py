@@ -7,7 +7,8 @@ never touched; a storm trips the breaker; a crash converges; approval mode appli
 from __future__ import annotations
 
 import pytest
-from repair_lab_helpers import wait_until
+
+from support.repair_lab import wait_until
 
 pytestmark = pytest.mark.lab
 

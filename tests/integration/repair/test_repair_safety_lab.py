@@ -15,7 +15,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from repair_lab_helpers import wait_until
+
+from support.repair_lab import wait_until
 
 pytestmark = pytest.mark.lab
 

@@ -5,30 +5,16 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.lab
+from support.ansible_cli import run_module
 
-REPO = Path(__file__).resolve().parents[3]
+pytestmark = pytest.mark.lab
 
 
 def step(args, check=False):
-    argv = [str(Path(sys.executable).parent / "ansible"), "localhost", "-m", "gpufleet.reliability.repair_step",
-            "-a", json.dumps(args), "-o"]
-    if check:
-        argv.append("--check")
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"), ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-               ANSIBLE_PYTHON_INTERPRETER=sys.executable, ANSIBLE_LOCALHOST_WARNING="False",
-               ANSIBLE_INVENTORY_UNPARSED_WARNING="False")
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=120, check=False)
-    line = proc.stdout.strip().splitlines()[-1]
-    status, _sep, payload = line.partition(" => ")
-    return "FAILED" not in status, json.loads(payload)
+    return run_module("repair_step", args, check=check)
 
 
 def extra(lab, node):

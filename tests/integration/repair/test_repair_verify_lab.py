@@ -11,7 +11,8 @@ import os
 import shutil
 
 import pytest
-from repair_lab_helpers import REPO
+
+from support.repair_lab import REPO
 
 pytestmark = pytest.mark.lab
 

@@ -1,20 +1,14 @@
 # Copyright (c) gpufleet.reliability contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The fuzz harnesses (tests/fuzz, run in full by `make fuzz`) with a few hundred inputs each, so they
-cannot rot: every parser still imports, its genuine inputs still pass as controls, and the first mutated
+"""The fuzz harnesses (tests/support/fuzz_targets.py, run in full by `make fuzz`) with a few hundred inputs each,
+so they cannot rot: every parser still imports, its genuine inputs still pass as controls, and the first mutated
 inputs find nothing. A finding prints the minimal input; make it a regression test next to the parser's tests."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-FUZZ = Path(__file__).resolve().parents[2] / "fuzz"
-sys.path.insert(0, str(FUZZ))
-
-import fuzz_engine as engine  # noqa: E402
-import fuzz_targets as targets  # noqa: E402
+from support import fuzz_engine as engine
+from support import fuzz_targets as targets
 
 SMOKE_N = 300
 

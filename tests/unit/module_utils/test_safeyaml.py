@@ -5,25 +5,10 @@
 Found by the fuzz campaign (tests/fuzz) in the NVML replay reader and the scenario loader."""
 from __future__ import annotations
 
-import signal
-from contextlib import contextmanager
-
 import pytest
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils import safeyaml
-
-
-@contextmanager
-def deadline(seconds: float):
-    def fire(_signum, _frame):
-        raise TimeoutError(f"no answer within {seconds} s")
-    old = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+from support.timing import deadline
 
 
 def test_plain_yaml_loads():

@@ -1,9 +1,6 @@
 """Regressions found by the fuzz campaign (tests/fuzz) in the Slurm output parsers: minimal inputs."""
 from __future__ import annotations
 
-import signal
-from contextlib import contextmanager
-
 import pytest
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import (
@@ -12,19 +9,7 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import 
     parse_nodes_text,
     parse_version,
 )
-
-
-@contextmanager
-def deadline(seconds: float):
-    def fire(_signum, _frame):
-        raise TimeoutError(f"no answer within {seconds} s")
-    old = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+from support.timing import deadline
 
 
 def test_errors_not_a_list_is_a_parse_error():

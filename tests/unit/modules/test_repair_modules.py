@@ -6,31 +6,11 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
-import subprocess
-import sys
 import threading
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
-ANSIBLE = Path(sys.executable).parent / "ansible"
-
-
-def run_module(name, args, check=False, verbose=False):
-    argv = [str(ANSIBLE), "localhost", "-m", f"gpufleet.reliability.{name}", "-a", json.dumps(args), "-o"]
-    if check:
-        argv.append("--check")
-    if verbose:  # -vvv: the result carries the invocation (the module's arguments), as AWX job logs do
-        argv.append("-vvv")
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"), ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-               ANSIBLE_PYTHON_INTERPRETER=sys.executable, ANSIBLE_LOCALHOST_WARNING="False",
-               ANSIBLE_INVENTORY_UNPARSED_WARNING="False")
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=120, check=False)
-    line = proc.stdout.strip().splitlines()[-1]
-    status, _sep, payload = line.partition(" => ")
-    return ("FAILED" not in status.split("|")[1] if "|" in status else False), json.loads(payload)
+from support.ansible_cli import run_module
 
 
 @pytest.fixture

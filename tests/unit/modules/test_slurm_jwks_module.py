@@ -7,13 +7,10 @@ from __future__ import annotations
 import json
 import os
 import stat
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "module_utils" / "oidc"))
-from oidc_forge import serve_json  # noqa: E402
+from support.oidc_forge import serve_json
 
 JWKS = {"keys": [{"kty": "RSA", "kid": "rs-1", "use": "sig", "alg": "RS256", "n": "sXch", "e": "AQAB"},
                  {"kty": "oct", "kid": "hmac", "k": "c2VjcmV0"}]}  # a symmetric key Slurm must never get

@@ -5,8 +5,6 @@ Each input is the minimal one the campaign found; each test fails on the code be
 from __future__ import annotations
 
 import json
-import signal
-from contextlib import contextmanager
 
 import pytest
 
@@ -16,24 +14,7 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.health import
     read_nvidia_smi_text,
 )
 from ansible_collections.gpufleet.reliability.plugins.module_utils.health.kmsg_parse import gpc_tpc_of
-
-
-class _Deadline(Exception):
-    pass
-
-
-@contextmanager
-def deadline(seconds: float):
-    """Fail instead of hanging: the fixed parsers answer in milliseconds, the old ones took minutes."""
-    def fire(_signum, _frame):
-        raise _Deadline(f"no answer within {seconds} s")
-    old = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+from support.timing import deadline
 
 
 def test_kmsg_record_separator_does_not_forge_a_second_record():

@@ -5,14 +5,9 @@ failing network call: tests see exactly what a login node sees when the IdP is d
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from oidc_forge import AUD, ISSUER, make_private_jwks, public_jwks  # noqa: E402
+from support.oidc_forge import AUD, ISSUER, make_private_jwks, public_jwks
 
 # The collection is imported inside the fixtures, not here: pytest-ansible installs Ansible's
 # collection finder after conftest files load, and a half-imported package confuses it.

@@ -8,12 +8,12 @@ import stat
 
 import pytest
 import yaml
-from oidc_forge import AUD, ISSUER, claims_for, make_private_jwks, public_jwks, sign
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.cli import oidc as cli
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.errors import ConfigError, IdPUnavailable
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.jwks import JWKSCache
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.slurm import normalise_jwks_for_slurm
+from support.oidc_forge import AUD, ISSUER, claims_for, make_private_jwks, public_jwks, sign
 
 
 def test_cache_file_is_private_and_atomic(seeded):

@@ -10,7 +10,6 @@ import sys
 import time
 
 import pytest
-from oidc_forge import AUD, ISSUER, b64u, claims_for, make_private_jwks, public_jwks, sign
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc import core, transport
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.errors import (
@@ -20,6 +19,7 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.errors i
 )
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.jwks import JWKSCache
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.validator import TokenValidator
+from support.oidc_forge import AUD, ISSUER, b64u, claims_for, make_private_jwks, public_jwks, sign
 
 
 def _fresh_attacker_cache(cache, attacker_pub):

@@ -7,9 +7,9 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from oidc_forge import AUD, ISSUER, claims_for, make_private_jwks, public_jwks, sign
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.errors import TokenRejected
+from support.oidc_forge import AUD, ISSUER, claims_for, make_private_jwks, public_jwks, sign
 
 B64 = st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_", max_size=200)
 JSONVAL = st.recursive(

@@ -6,7 +6,6 @@ import os
 import stat
 
 import pytest
-from oidc_forge import make_private_jwks, public_jwks
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.cli import oidc as cli
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc import core, transport
@@ -18,6 +17,7 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.config i
 )
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.errors import IdPUnavailable
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.slurm import fetch_jwks
+from support.oidc_forge import make_private_jwks, public_jwks
 
 HTTPS_ISSUER = "https://sso.example.com/realms/hpc"
 

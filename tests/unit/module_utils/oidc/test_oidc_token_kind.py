@@ -3,10 +3,10 @@ Keycloak's typ claim (ID / Bearer), at_hash / c_hash (ID tokens only), RFC 9068 
 from __future__ import annotations
 
 import pytest
-from oidc_forge import AUD, ISSUER, claims_for, sign
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.errors import TokenRejected
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.validator import TokenValidator
+from support.oidc_forge import AUD, ISSUER, claims_for, sign
 
 
 @pytest.mark.parametrize("header, extra, reason", [

@@ -4,7 +4,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from oidc_forge import (
+
+from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.errors import TokenRejected
+from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.validator import TokenValidator
+from support.oidc_forge import (
     AUD,
     ISSUER,
     claims_for,
@@ -17,9 +20,6 @@ from oidc_forge import (
     unsigned,
     with_header,
 )
-
-from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.errors import TokenRejected
-from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.validator import TokenValidator
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ not a string are dropped (Slurm fatal()s on a key without a usable kid). Genuine
 from __future__ import annotations
 
 import pytest
-from oidc_forge import make_private_jwks, public_jwks
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.cli import oidc as cli
 from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc import transport
@@ -16,6 +15,7 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.oidc.slurm im
     fetch_jwks,
     normalise_jwks_for_slurm,
 )
+from support.oidc_forge import make_private_jwks, public_jwks
 
 ISSUER = "https://sso.example.com/realms/hpc"
 DISCOVERY = ISSUER + "/.well-known/openid-configuration"

@@ -17,7 +17,7 @@ from pathlib import Path
 import ansible_runner
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[2]
+REPO = HERE.parents[1]
 FAKEGPU = HERE / "fakegpu.py"
 SPARE_REASON = "gpufleet: spare"
 

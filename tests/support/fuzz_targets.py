@@ -12,12 +12,11 @@ import json
 import os
 import random
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Dict, List
 
-from fuzz_engine import FIXTURES, REPO, Target, fixtures, read
+from support.fuzz_engine import FIXTURES, REPO, Target, fixtures, read
 
 # --------------------------------------------------------------------------------------------- helpers
 _TMP = Path(tempfile.mkdtemp(prefix="gpufleet-fuzz-"))
@@ -417,10 +416,8 @@ def history_target() -> Target:
 
 # --------------------------------------------------------------------------------------------- OIDC
 def _oidc_forge():
-    helper = str(REPO / "tests" / "unit" / "module_utils" / "oidc")
-    if helper not in sys.path:
-        sys.path.insert(0, helper)
-    import oidc_forge
+    from support import oidc_forge  # imported when an OIDC harness first runs
+
     return oidc_forge
 
 

@@ -193,7 +193,7 @@ def _where(tb) -> str:
     best = ""
     for fr in traceback.extract_tb(tb):
         fn = fr.filename
-        if "/tests/fuzz/" in fn:
+        if "/tests/support/" in fn or "/tests/fuzz/" in fn:  # the harness and its driver
             continue
         if "/plugins/" in fn or "/simulator/" in fn:
             parts = fn.split("/")

@@ -1,6 +1,7 @@
 # Copyright (c) gpufleet.reliability contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Real parts for the OIDC integration tests, all on 127.0.0.1 (helpers; conftest.py exposes the fixtures).
+"""Real parts for the OIDC integration tests, all on 127.0.0.1 (helpers; tests/integration/oidc/conftest.py exposes
+the fixtures).
 
 * ``idp_factory`` starts npm oidc-provider (tests/idp/server.mjs) on a free port with a private
   JWKS owned by the test, reads its READY line and stops it by PID.
@@ -14,7 +15,6 @@
 """
 from __future__ import annotations
 
-import contextlib
 import http.cookiejar
 import json
 import os
@@ -22,6 +22,7 @@ import re
 import secrets
 import select
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -33,11 +34,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[2]
-sys.path.insert(0, str(REPO / "tests" / "unit" / "module_utils" / "oidc"))
+from support.oidc_forge import make_private_jwks, public_jwks
+from support.shared import shared
 
-from oidc_forge import make_private_jwks, public_jwks  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 IDP_DIR = REPO / "tests" / "idp"
 MODULE_UTILS = REPO / "plugins" / "module_utils"
@@ -68,6 +68,27 @@ LOOK_ALIKES = {
 for _acct, _name in LOOK_ALIKES.items():
     ACCOUNTS[_acct] = {"preferred_username": _name, "groups": ["hpc-users"]}
 ACCOUNTS["kate-upper"] = {"preferred_username": f"{PREFIX.upper()}KATE", "groups": ["hpc-users"]}  # ASCII: folds
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM a process this test started; SIGKILL it when it has not ended within 10 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def remove_user(name: str) -> None:
+    """userdel -r a local user made by a test; sshd's per-connection children of a test login may still be
+    exiting: poll, then force."""
+    deadline = time.monotonic() + 15
+    while _run("userdel", "-r", name).returncode not in (0, 6, 12) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _run("getent", "passwd", name).returncode == 0:
+        _run("userdel", "-r", "-f", name)
 
 
 class IdP:
@@ -108,13 +129,8 @@ class IdP:
         return self
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        if self.proc:
+            stop_process(self.proc)
 
     def hits(self, path: str) -> int:
         return sum(1 for line in self.lines if line == f"REQ GET {path}")
@@ -228,20 +244,24 @@ def _run(*cmd: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="session")
 def local_users():
-    created = []
-    for u in USERS:
-        if _run("getent", "passwd", u).returncode != 0:
-            r = _run("useradd", "-m", "-s", "/bin/bash", u)
-            assert r.returncode == 0, r.stderr
-            created.append(u)
-    yield list(USERS)
-    for u in created:
-        # sshd's per-connection children of a test login may still be exiting: poll, then force
-        deadline = time.monotonic() + 15
-        while _run("userdel", "-r", u).returncode not in (0, 6, 12) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _run("getent", "passwd", u).returncode == 0:
-            _run("userdel", "-r", "-f", u)
+    """The test users, shared with every other test process that uses them now (another lane, another xdist
+    worker): made by the first holder if missing, removed by the last one if a holder made them."""
+
+    def exist() -> bool:
+        return all(_run("getent", "passwd", u).returncode == 0 for u in USERS)
+
+    def make() -> None:
+        for u in USERS:
+            if _run("getent", "passwd", u).returncode != 0:
+                r = _run("useradd", "-m", "-s", "/bin/bash", u)
+                assert r.returncode == 0, r.stderr
+
+    def remove() -> None:
+        for u in USERS:
+            remove_user(u)
+
+    with shared("test-users", exist, make, remove):
+        yield list(USERS)
 
 
 class PamEnv:
@@ -326,11 +346,24 @@ def converse(proc: subprocess.Popen, answer_fn, timeout: float, is_prompt=None) 
 
 # ---------------------------------------------------------------- sshd
 def free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_port(port: int, proc: subprocess.Popen, log: Path | None = None, timeout: float = 15) -> None:
+    """Wait until something listens on 127.0.0.1:``port``; fails if ``proc`` (an sshd) exits first, showing its
+    ``log`` when given."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            if proc.poll() is not None:
+                raise AssertionError("sshd exited" + (f": {log.read_text()}" if log else "")) from None
+            time.sleep(0.05)
+    raise AssertionError("sshd did not listen")
 
 
 class Sshd:
@@ -360,39 +393,12 @@ class Sshd:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([str(self.binary), "-D", "-e", "-f", str(self.config)],
                                          stdout=log, stderr=subprocess.STDOUT)
-        import socket
-
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return self
-            except OSError:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"sshd exited: {self.log.read_text()}")
-                time.sleep(0.05)
-        raise RuntimeError("sshd did not listen")
+        wait_port(self.port, self.proc, self.log)
+        return self
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-
-@pytest.fixture
-def run_sshd_dir():
-    """sshd (even `sshd -t`) needs its privilege-separation directory; made here only if missing."""
-    made = not os.path.isdir("/run/sshd")
-    if made:
-        os.makedirs("/run/sshd", mode=0o755)
-    yield
-    if made:
-        with contextlib.suppress(OSError):
-            os.rmdir("/run/sshd")
+        if self.proc:
+            stop_process(self.proc)
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 
 FIXTURES = REPO / "tests" / "fixtures" / "gpu"
 CAPTURE = FIXTURES / "h100-8gpu-580.105.08-healthy.nvidia-smi-q-x.xml"
