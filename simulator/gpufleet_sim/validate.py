@@ -43,38 +43,55 @@ def _case(name, expected, measured, tol, kind, unit="", note=""):
             "unit": unit, "note": note}
 
 
+DALY_ETTR = {24.0: 0.9126, 6.0: 0.8194, 0.25: 0.1997}  # Daly's complete model, T_s 500 h, delta 5 min, R 10 min
+DALY_TAU = {24.0: 117.0, 6.0: 57.0, 0.25: 9.1}  # Daly's optimal interval (min)
+
+
+def _daly() -> tuple:
+    """The Daly scenario, its policy and its constants (delta, R, T_s in hours)."""
+    return _load("daly.yaml"), resolve("reactive-auto"), 5 / 60, 10 / 60, 500.0
+
+
+def _daly_label(m: float) -> str:
+    return f"{m:g} h" if m >= 1 else f"{m * 60:g} min"
+
+
+def daly_ettr_case(m: float, seeds: int) -> dict:
+    """Daly's ETTR at job MTBF ``m`` hours: the mean over seeds 1..seeds against the closed form (1 % rel.)."""
+    base, pol, delta, r, ts = _daly()
+    sc = scn.validate(scn.override(base["raw"], {"faults[0].job_mtbf_h": m}))
+    vals = [run_one(sc, pol, s)["ettr"] for s in range(1, seeds + 1)]
+    return _case(f"Daly ETTR, M = {_daly_label(m)}", DALY_ETTR[m], sum(vals) / seeds, 0.01, "rel",
+                 note=f"{seeds} seeds; closed form {ts / daly_wall(ts, daly(delta, m), delta, r, m):.4f}")
+
+
+def daly_interval_case(m: float, sweep_seeds: int) -> dict:
+    """Daly's optimal interval at job MTBF ``m`` hours, found by sweep: a grid of intervals x1.25 around Young's,
+    common seeds 1..sweep_seeds across the grid points; passes within one grid step."""
+    base, pol, delta, _r, _ts = _daly()
+    raw = scn.override(base["raw"], {"faults[0].job_mtbf_h": m})
+    y = young(delta, m)
+    grid = [y * 1.25 ** k for k in range(-5, 4)]
+    best, best_w = None, math.inf
+    for tau in grid:
+        sc2 = scn.validate(scn.override(raw, {"jobs[0].checkpoint_interval_min": tau * 60}))
+        w = sum(run_one(sc2, pol, s)["wall_h"] for s in range(1, sweep_seeds + 1)) / sweep_seeds
+        if w < best_w:
+            best, best_w = tau, w
+    blind = abs(math.log(y / daly(delta, m))) <= math.log(1.25)
+    return _case(f"Daly optimal interval, M = {_daly_label(m)}", DALY_TAU[m], best * 60, 1.25, "grid", " min",
+                 note=f"grid x1.25 around Young's {y * 60:.1f} min, {sweep_seeds} seeds per point"
+                 + ("; Young's interval is within one step here, so this case cannot tell Daly from Young"
+                    if blind else ""))
+
+
 def daly_cases(seeds: int = 40, sweep_seeds: int = 16, fast: bool = False) -> list[dict]:
-    base = _load("daly.yaml")
-    pol = resolve("reactive-auto")
-    delta, r, ts = 5 / 60, 10 / 60, 500.0
+    base, pol, delta, r, ts = _daly()
     out = []
-    expected_ettr = {24.0: 0.9126, 6.0: 0.8194, 0.25: 0.1997}
-    expected_tau = {24.0: 117.0, 6.0: 57.0, 0.25: 9.1}
     for m in (24.0, 6.0, 0.25):
-        raw = scn.override(base["raw"], {"faults[0].job_mtbf_h": m})
-        sc = scn.validate(raw)
-        n = seeds if m > 1 else max(20, seeds // 10)
-        vals = [run_one(sc, pol, s)["ettr"] for s in range(1, n + 1)]
-        measured = sum(vals) / n
-        label = f"{m:g} h" if m >= 1 else f"{m * 60:g} min"
-        out.append(_case(f"Daly ETTR, M = {label}", expected_ettr[m], measured, 0.01, "rel",
-                         note=f"{n} seeds; closed form {ts / daly_wall(ts, daly(delta, m), delta, r, m):.4f}"))
-        # sweep: grid of intervals x1.25 around Young's; common seeds across grid points
-        y = young(delta, m)
-        grid = [y * 1.25 ** k for k in range(-5, 4)]
-        ns = sweep_seeds if m > 1 else max(3, sweep_seeds // 12)
-        best, best_w = None, math.inf
-        for tau in grid:
-            raw2 = scn.override(raw, {"jobs[0].checkpoint_interval_min": tau * 60})
-            sc2 = scn.validate(raw2)
-            w = sum(run_one(sc2, pol, s)["wall_h"] for s in range(1, ns + 1)) / ns
-            if w < best_w:
-                best, best_w = tau, w
-        blind = abs(math.log(y / daly(delta, m))) <= math.log(1.25)
-        out.append(_case(f"Daly optimal interval, M = {label}", expected_tau[m], best * 60, 1.25, "grid", " min",
-                         note=f"grid x1.25 around Young's {y * 60:.1f} min, {ns} seeds per point"
-                         + ("; Young's interval is within one step here, so this case cannot tell Daly from Young"
-                            if blind else "")))
+        # at M = 15 min a run has ~10,000 failures (~20 at 24 h): fewer seeds resolve it, and more would cost minutes
+        out.append(daly_ettr_case(m, seeds if m > 1 else max(20, seeds // 10)))
+        out.append(daly_interval_case(m, sweep_seeds if m > 1 else max(3, sweep_seeds // 12)))
     out.append(daly_vs_young(base, pol, delta, r, ts, seeds=max(20, seeds // 20)))
     return out
 

@@ -30,14 +30,20 @@ def test_outline_keeps_file_order_spells_keys_and_lists_includes():
 
 
 def test_module_reads_without_writing_and_reports_before_values(localhost, tmp_path: Path):
+    # The Include resolves: after a change the module asks the host's `scontrol --version`, which reads this
+    # slurm.conf, and Slurm retries an include it cannot open for up to a minute before it gives up.
+    included = tmp_path / "gpufleet-reliability.conf"
+    included.write_text("# the role's own settings\n")
+    site = SITE.replace("include /etc/slurm/gpufleet-reliability.conf", f"include {included}")
+    assert site != SITE
     path = tmp_path / "slurm.conf"
-    path.write_text(SITE)
+    path.write_text(site)
     res = getattr(localhost, MODULE)(path=str(path))["localhost"]
     assert res.is_successful and res["changed"] is False, res
-    assert {"key": "Include", "value": "/etc/slurm/gpufleet-reliability.conf"} in res["current"]
+    assert {"key": "Include", "value": str(included)} in res["current"]
     epilogs = [i["value"] for i in res["current"] if i["key"] == "Epilog"]
     assert epilogs == ["/etc/slurm/epilog.sh", "/etc/slurm/epilog2.sh"]
-    assert path.read_text() == SITE
+    assert path.read_text() == site
     # after a change, `current` still shows the values from before it
     res = getattr(localhost, MODULE)(path=str(path), settings={"HealthCheckProgram": "/opt/x"})["localhost"]
     assert res["changed"] is True

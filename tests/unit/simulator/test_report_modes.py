@@ -12,7 +12,10 @@ import pytest
 SCENARIOS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "simulator", "scenarios")
 
 
-@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+# Each umask is a fresh interpreter rendering the PNG report (~2 s): the common 022 runs in the edit loop (it already
+# fails on a fixed 0600), the other two only in `make test`.
+@pytest.mark.parametrize("umask", [0o022, pytest.param(0o002, marks=pytest.mark.slow),
+                                   pytest.param(0o077, marks=pytest.mark.slow)])
 def test_outputs_follow_the_umask(tmp_path, umask):
     out = tmp_path / "out"
     code = (f"import os, sys; os.umask({umask}); from gpufleet_sim.cli import main; "

@@ -1,6 +1,7 @@
 """Hypothesis: the kmsg parser, the XML and text readers and judge() never crash on arbitrary input."""
 from __future__ import annotations
 
+import pytest
 from health_fixtures import load
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -125,11 +126,12 @@ def gpus(draw, index):
     return g
 
 
-@SETTINGS
-@given(st.integers(min_value=0, max_value=3).flatmap(lambda n: st.tuples(*[gpus(i) for i in range(n)])),
-       st.sampled_from(["ok", "partial", "timeout", "failed"]), st.one_of(st.none(), st.integers(0, 9)),
-       st.floats(min_value=0, max_value=1e6))
-def test_judge_on_synthetic_snapshots(gs, status, expected, dt):
+SNAPSHOTS = (st.integers(min_value=0, max_value=3).flatmap(lambda n: st.tuples(*[gpus(i) for i in range(n)])),
+             st.sampled_from(["ok", "partial", "timeout", "failed"]), st.one_of(st.none(), st.integers(0, 9)),
+             st.floats(min_value=0, max_value=1e6))
+
+
+def _judge_synthetic(gs, status, expected, dt):
     snap = Snapshot(gpus=list(gs), probe_status=status)
     r1 = judge(snap, [], config={"expected_gpus": expected}, now=1000.0)
     r2 = judge(snap, [], config={"expected_gpus": expected}, state=r1.state, now=1000.0 + dt)
@@ -138,3 +140,18 @@ def test_judge_on_synthetic_snapshots(gs, status, expected, dt):
         assert d["verdict"] in ("healthy", "degraded", "unhealthy", "unknown")
         if status == "timeout":
             assert d["verdict"] in ("unknown", "unhealthy")
+
+
+# Drawing a snapshot is Hypothesis' work, not judge()'s (~15 ms each, so 300 take 5 s): the 300 run in `make test`
+# (`slow`), and the edit loop (`make check`) draws 30 fresh ones per run for the same property.
+@pytest.mark.slow
+@SETTINGS
+@given(*SNAPSHOTS)
+def test_judge_on_synthetic_snapshots(gs, status, expected, dt):
+    _judge_synthetic(gs, status, expected, dt)
+
+
+@settings(SETTINGS, max_examples=30)
+@given(*SNAPSHOTS)
+def test_judge_on_synthetic_snapshots_smoke(gs, status, expected, dt):
+    _judge_synthetic(gs, status, expected, dt)
