@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The lab script's waits end on time and say why.
 
-A lab of this module's own (1 node, port base LAB_WAITS_PORT_BASE, the lane's release) is started; then its
+A lab of this module's own (1 node, a block of its own from the lab factory, the lane's release) is started; then its
 munged is frozen (SIGSTOP) and its slurmctld killed, and `slurm-lab.sh start` runs again with
 SLURM_LAB_CTLD_TIMEOUT=5: the new slurmctld cannot get a credential, so it never answers `scontrol ping`. The start
 must fail, name its bound, and show the last ping answer and the tails of slurmctld's and munged's logs. (It used
@@ -18,23 +18,27 @@ from pathlib import Path
 
 import pytest
 
+from support.labs import LAB_SCRIPT, reserve
+
 pytestmark = [pytest.mark.lab]
-REPO = Path(__file__).resolve().parents[2]
-LAB_SCRIPT = REPO / "tests" / "lab" / "slurm-lab.sh"
 RELEASE = os.environ.get("SLURM_LAB_RELEASE", "22.05")
-PORT_BASE = int(os.environ.get("LAB_WAITS_PORT_BASE", "17950"))
-LAB_DIR = Path(os.environ.get("LAB_WAITS_DIR", f"/tmp/gpufleet-lab-waits-{RELEASE}-{PORT_BASE}"))
 
 
-def _lab(cmd: str, timeout: float = 300, **extra) -> subprocess.CompletedProcess:
-    env = dict(os.environ, SLURM_LAB_PORT_BASE=str(PORT_BASE), SLURM_LAB_DIR=str(LAB_DIR), SLURM_LAB_NODES="1",
-               SLURM_LAB_HEALTHCHECK_INTERVAL="0", SLURM_LAB_RELEASE=RELEASE, **extra)
+@pytest.fixture(scope="module")
+def block():
+    res = reserve("the lab-waits lab (slurmctld that never answers)", nodes=1)
+    yield res
+    res.release()
+
+
+def _lab(block, cmd: str, timeout: float = 300, **extra) -> subprocess.CompletedProcess:
+    env = block.script_env(1, RELEASE, SLURM_LAB_HEALTHCHECK_INTERVAL="0", **extra)
     return subprocess.run(["bash", str(LAB_SCRIPT), cmd], env=env, capture_output=True, text=True, timeout=timeout,
                           check=False)
 
 
-def _pid(name: str) -> int:
-    return int((LAB_DIR / "run" / f"{name}.pid").read_text().strip())
+def _pid(block, name: str) -> int:
+    return int((block.dir / "run" / f"{name}.pid").read_text().strip())
 
 
 def _gone(pid: int, timeout: float = 15) -> bool:
@@ -46,29 +50,30 @@ def _gone(pid: int, timeout: float = 15) -> bool:
     return False
 
 
-def test_slurmctld_that_never_answers_fails_within_its_bound_with_a_diagnosis():
-    r = _lab("start")
+def test_slurmctld_that_never_answers_fails_within_its_bound_with_a_diagnosis(block):
+    lab_dir = block.dir
+    r = _lab(block, "start")
     assert r.returncode == 0, r.stdout + r.stderr
-    munged = _pid("munged")
+    munged = _pid(block, "munged")
     try:
-        ctld = _pid("slurmctld")
+        ctld = _pid(block, "slurmctld")
         os.kill(munged, signal.SIGSTOP)
         os.kill(ctld, signal.SIGKILL)
         assert _gone(ctld)
-        r = _lab("start", timeout=120, SLURM_LAB_CTLD_TIMEOUT="5")
+        r = _lab(block, "start", timeout=120, SLURM_LAB_CTLD_TIMEOUT="5")
         assert r.returncode != 0, r.stdout + r.stderr
         assert "slurmctld did not answer 'scontrol ping' within 5 s" in r.stderr, r.stderr
         assert "--- last 'scontrol ping'" in r.stderr
-        assert f"--- {LAB_DIR}/log/slurmctld.log (tail)" in r.stderr
-        assert f"--- {LAB_DIR}/log/munged.log (tail)" in r.stderr
+        assert f"--- {lab_dir}/log/slurmctld.log (tail)" in r.stderr
+        assert f"--- {lab_dir}/log/munged.log (tail)" in r.stderr
     finally:
         os.kill(munged, signal.SIGCONT)
-        stop = _lab("stop", timeout=120)
+        stop = _lab(block, "stop", timeout=120)
     assert stop.returncode == 0, stop.stdout + stop.stderr
     assert _gone(munged)
 
 
-def test_bad_timeout_setting_is_refused_by_name():
-    r = _lab("status", SLURM_LAB_CTLD_TIMEOUT="soon")
+def test_bad_timeout_setting_is_refused_by_name(block):
+    r = _lab(block, "status", SLURM_LAB_CTLD_TIMEOUT="soon")
     assert r.returncode != 0
     assert "SLURM_LAB_CTLD_TIMEOUT must be a positive number of seconds, got 'soon'" in r.stderr

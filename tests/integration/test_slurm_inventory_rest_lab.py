@@ -2,8 +2,8 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The slurm inventory plugin's AWX mode (source: rest): a real slurmrestd with auth/jwt and an RS256 JWKS.
 
-This module runs its own 2-node lab (port base 16880 unless SLURM_REST_LAB_PORT_BASE says otherwise) with
-SLURM_LAB_JWKS, because the session lab has no slurmrestd. The token is minted here with joserfc.
+This module runs its own 2-node lab (a block of its own from the lab factory; SLURM_REST_LAB_PORT_BASE asks for
+one) with SLURM_LAB_JWKS, because the session lab has no slurmrestd. The token is minted here with joserfc.
 """
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ import pytest
 from joserfc import jwt
 from joserfc.jwk import RSAKey
 
+from support.labs import running_lab
+
 pytestmark = pytest.mark.lab
 
 REPO = Path(__file__).resolve().parents[2]
-LAB_SCRIPT = REPO / "tests" / "lab" / "slurm-lab.sh"
 RELEASE = os.environ.get("SLURM_LAB_RELEASE", "22.05")
-BASE = int(os.environ.get("SLURM_REST_LAB_PORT_BASE", "16880"))
 API = {"22.05": "v0.0.38", "24.11": "v0.0.42"}[RELEASE]
 USER = "slurm"  # slurmrestd rejects root tokens; the Debian packages create this user
 
@@ -34,18 +34,10 @@ def rest_lab(tmp_path_factory):
     key = RSAKey.generate_key(2048, parameters={"kid": "lab-key-1", "use": "sig", "alg": "RS256"})
     jwks = tmp / "jwks.json"
     jwks.write_text(json.dumps({"keys": [key.as_dict(private=False)]}))
-    lab_dir = Path(f"/tmp/gpufleet-lab-rest-{RELEASE}-{BASE}")
-    env = dict(os.environ, SLURM_LAB_PORT_BASE=str(BASE), SLURM_LAB_DIR=str(lab_dir), SLURM_LAB_NODES="2",
-               SLURM_LAB_HEALTHCHECK_INTERVAL="0", SLURM_LAB_JWKS=str(jwks), SLURM_LAB_RELEASE=RELEASE)
-    env.pop("SLURM_CONF", None)
-    p = subprocess.run(["bash", str(LAB_SCRIPT), "start"], env=env, capture_output=True, text=True, timeout=900,
-                       check=False)
-    assert p.returncode == 0, p.stderr
-    try:
-        yield key, lab_dir, tmp
-    finally:
-        subprocess.run(["bash", str(LAB_SCRIPT), "stop"], env=env, capture_output=True, text=True, timeout=300,
-                       check=False)
+    base = os.environ.get("SLURM_REST_LAB_PORT_BASE")
+    with running_lab("the slurmrestd inventory lab", nodes=2, release=RELEASE, base=int(base) if base else None,
+                     SLURM_LAB_HEALTHCHECK_INTERVAL="0", SLURM_LAB_JWKS=str(jwks)) as lab:
+        yield key, lab, tmp
 
 
 def token(key, user=USER, ttl=600):
@@ -62,9 +54,11 @@ def inventory(cfg, lab_dir=None):
 
 
 def test_rest_source_matches_cli_source(rest_lab):
-    key, lab_dir, tmp = rest_lab
+    key, lab, tmp = rest_lab
+    lab_dir = lab.dir
     rest = tmp / "rest.slurm.yml"
-    rest.write_text(f"plugin: gpufleet.reliability.slurm\nsource: rest\nrest_url: http://127.0.0.1:{BASE + 20}\n"
+    rest.write_text(f"plugin: gpufleet.reliability.slurm\nsource: rest\n"
+                    f"rest_url: http://127.0.0.1:{lab.port_base + 20}\n"
                     f"rest_api_version: {API}\nrest_user: {USER}\nrest_token: {token(key)}\n")
     cli = tmp / "cli.slurm.yml"
     cli.write_text(f"plugin: gpufleet.reliability.slurm\nslurm_conf: {lab_dir}/etc/slurm.conf\n")
@@ -78,10 +72,11 @@ def test_rest_source_matches_cli_source(rest_lab):
 
 
 def test_rest_source_with_a_forged_token_fails_clearly(rest_lab):
-    _key, _lab_dir, tmp = rest_lab
+    _key, lab, tmp = rest_lab
     forged = RSAKey.generate_key(2048, parameters={"kid": "lab-key-1", "use": "sig", "alg": "RS256"})
     cfg = tmp / "forged.slurm.yml"
-    cfg.write_text(f"plugin: gpufleet.reliability.slurm\nsource: rest\nrest_url: http://127.0.0.1:{BASE + 20}\n"
+    cfg.write_text(f"plugin: gpufleet.reliability.slurm\nsource: rest\n"
+                   f"rest_url: http://127.0.0.1:{lab.port_base + 20}\n"
                    f"rest_api_version: {API}\nrest_user: {USER}\nrest_token: {token(forged)}\n")
     p = inventory(cfg)
     assert "slurm inventory: GET" in p.stderr and "failed" in p.stderr, p.stderr

@@ -9,7 +9,11 @@
 #
 # Usage: slurm-lab.sh start|stop|restart|status|env|wait|selftest|clean
 # Settings (environment, defaults in brackets):
-#   SLURM_LAB_PORT_BASE [16800]  ctld=BASE+17 restd=BASE+20 slurmd i=BASE+100+i
+#   SLURM_LAB_PORT_BASE [16800]  ctld=BASE+17 restd=BASE+20 slurmd i=BASE+100+i  (16800 is a person's `make lab`;
+#                          tests take blocks of 200 ports from 20000 on through tests/support/labs.py, never this one)
+#   SLURM_LAB_OWNER [person:<user>]  who holds the lab: written to $LAB/owner at start; `start` refuses to attach to
+#                          a running lab with another owner (a test never reuses a person's lab, nor one another's)
+#   SLURM_LAB_OWNER_NOTE [unset]  a line for people: what the lab is for (shown when another owner is refused)
 #   SLURM_LAB_DIR [/tmp/gpufleet-lab-$SLURM_LAB_PORT_BASE]   SLURM_LAB_NODES [4]   SLURM_LAB_NODE_PREFIX [node]
 #   SLURM_LAB_GPUS [8]  SLURM_LAB_GPU_TYPE [h100]  SLURM_LAB_CPUS [16]  SLURM_LAB_MEM_MB [64000]
 #   SLURM_LAB_HEALTHCHECK_PROGRAM [$LAB/bin/healthcheck]  SLURM_LAB_HEALTHCHECK_INTERVAL [5; 0 = off]
@@ -61,6 +65,8 @@ TIMEOUT=${SLURM_LAB_TIMEOUT:-60}
 CTLD_TIMEOUT=${SLURM_LAB_CTLD_TIMEOUT:-60}
 SLURMD_TIMEOUT=${SLURM_LAB_SLURMD_TIMEOUT:-30}
 KEEP_STATE=${SLURM_LAB_KEEP_STATE:-0}
+OWNER=${SLURM_LAB_OWNER:-person:$(id -un)}
+OWNER_NOTE=${SLURM_LAB_OWNER_NOTE:-started with slurm-lab.sh by $(id -un)}
 RELEASE=${SLURM_LAB_RELEASE:-22.05}
 CHROOT=${SLURM_LAB_CHROOT:-/var/cache/gpufleet/trixie-chroot}
 CHROOT_BINDS=${SLURM_LAB_CHROOT_BINDS:-/tmp /work /root /home /opt /srv}
@@ -114,6 +120,7 @@ for v in TIMEOUT CTLD_TIMEOUT; do
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "SLURM_LAB_$v must be a positive number of seconds, got '${!v}'"
 done
 [[ "$LAB" == /* ]] || die "SLURM_LAB_DIR must be an absolute path, got '$LAB'"
+[[ "$OWNER" =~ ^[A-Za-z0-9_.:@-]+$ ]] || die "SLURM_LAB_OWNER must be letters, digits and _.:@- only, got '$OWNER'"
 [[ "$CHROOT_USERS" == host || "$CHROOT_USERS" == chroot ]] ||
   die "SLURM_LAB_CHROOT_USERS must be host or chroot, got '$CHROOT_USERS'"
 
@@ -625,6 +632,16 @@ wait_nodes() {
   log "all $NODES nodes $mode after $(($(now_ms) - start)) ms"
 }
 
+# check_owner: a running lab is attached to only by its owner (SLURM_LAB_OWNER); anyone else is refused by name.
+check_owner() {
+  local holder="" note=""
+  if [[ -f "$LAB/owner" ]]; then { IFS= read -r holder; IFS= read -r note; } <"$LAB/owner" || true; fi
+  [[ "$holder" == "$OWNER" ]] && return 0
+  [[ -n "$holder" ]] || holder="nobody on record (a lab from an older slurm-lab.sh)"
+  die "the lab in $LAB is running and held by '$holder'${note:+ ($note)}, not by '$OWNER': leave it alone, stop it" \
+    "as its owner (slurm-lab.sh stop with its SLURM_LAB_DIR), or choose another SLURM_LAB_PORT_BASE and SLURM_LAB_DIR"
+}
+
 cmd_start() {
   local t0 fresh=0 was_running=0
   t0=$(now_ms)
@@ -634,6 +651,7 @@ cmd_start() {
     die "the lab in $LAB runs Slurm $(cat "$LAB/etc/release"); stop it first (slurm-lab.sh stop)"
   fi
   ctld_pid >/dev/null && was_running=1
+  if ((was_running)); then check_owner; fi
   ((was_running)) || stop_strays
   if [[ -f "$LAB/etc/release" && "$(cat "$LAB/etc/release")" != "$RELEASE" ]]; then
     log "switching $LAB from Slurm $(cat "$LAB/etc/release") to $RELEASE: clearing saved state and spool"
@@ -641,6 +659,7 @@ cmd_start() {
   fi
   write_config
   echo "$RELEASE" >"$LAB/etc/release"
+  printf '%s\n%s\n' "$OWNER" "$OWNER_NOTE" >"$LAB/owner.new" && mv -f "$LAB/owner.new" "$LAB/owner"
   start_munged
   if ((!was_running)) && [[ "$KEEP_STATE" != 1 ]]; then fresh=1; fi
   # A fresh lab starts clean: no health flag and no hook left by a run that was killed before its teardown

@@ -7,7 +7,7 @@ Warnings (a replayed Xid 79 kernel log; the probe still sees every GPU) stop at 
 (max_unavailable, the last available node of a partition) or, where the limits allow more, at the circuit breaker,
 which every held node then reports. Nodes whose GPU is lost (the probe) are all drained at once and counted.
 
-This module runs its own 16-node lab (port base = the session lab's + 200, SLURM_STORM_LAB_PORT_BASE overrides),
+This module runs its own 16-node lab (a block of its own from the lab factory; SLURM_STORM_LAB_PORT_BASE asks for one),
 with a second partition ``pair`` = the last two nodes, and stops it at the end.
 """
 from __future__ import annotations
@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from support.labs import running_lab
+
 REPO = Path(__file__).resolve().parents[3]
 XID79 = REPO / "tests" / "fixtures" / "gpu" / "kmsg-fallen-off-bus-without-xid.log"
 AGENT = Path(sys.executable).parent / "gpufleet-health"
@@ -33,28 +35,14 @@ pytestmark = pytest.mark.lab
 
 @pytest.fixture(scope="module")
 def storm_lab(slurm_lab, tmp_path_factory):
-    base = int(os.environ.get("SLURM_STORM_LAB_PORT_BASE", slurm_lab.port_base + 200))
-    lab_dir = Path(f"/tmp/gpufleet-lab-{base}")
     extra = tmp_path_factory.mktemp("storm") / "extra.conf"
     extra.write_text(f"PartitionName=pair Nodes=node{N - 1},node{N} MaxTime=INFINITE State=UP\n")
-    script_env = {"SLURM_LAB_PORT_BASE": str(base), "SLURM_LAB_DIR": str(lab_dir), "SLURM_LAB_NODES": str(N),
-                  "SLURM_LAB_RELEASE": slurm_lab.release, "SLURM_LAB_EXTRA_CONF": str(extra),
-                  "SLURM_LAB_HEALTHCHECK_INTERVAL": str(INTERVAL),
-                  # 16 slurmd (in the 24.11 chroot too) on a small shared machine take longer than the default 60 s
-                  "SLURM_LAB_TIMEOUT": os.environ.get("SLURM_LAB_TIMEOUT", "300")}
-    lab = type(slurm_lab)(dir=lab_dir, conf=lab_dir / "etc" / "slurm.conf", nodes=[f"node{i}" for i in range(1, N + 1)],
-                          env={}, port_base=base, release=slurm_lab.release, script_env=script_env)
-    try:
-        lab.script_run("start", timeout=900)
-        env = {}
-        for line in lab.script_run("env").stdout.splitlines():
-            if line.startswith("export "):
-                key, _sep, value = line[len("export "):].partition("=")
-                env[key] = value.replace("$PATH", os.environ.get("PATH", ""))
-        lab.env = env
+    base = os.environ.get("SLURM_STORM_LAB_PORT_BASE")
+    # 16 slurmd (in the 24.11 chroot too) on a small shared machine take longer than the default 60 s
+    with running_lab("the 16-node storm lab", nodes=N, release=slurm_lab.release, base=int(base) if base else None,
+                     SLURM_LAB_EXTRA_CONF=str(extra), SLURM_LAB_HEALTHCHECK_INTERVAL=str(INTERVAL),
+                     SLURM_LAB_TIMEOUT=os.environ.get("SLURM_LAB_TIMEOUT", "300")) as lab:
         yield lab
-    finally:
-        lab.script_run("stop", check=False)
 
 
 @pytest.fixture

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from oidclab import AUD, PLAYBOOK, PREFIX, REPO, SITE, USERS, _run, free_port, real_token, ssh_login
+
+from support.oidclab import AUD, PLAYBOOK, PREFIX, REPO, SITE, USERS, _run, free_port, real_token, ssh_login, wait_port
 
 pytestmark = pytest.mark.idp
 ALICE = f"{PREFIX}alice"
@@ -25,9 +26,8 @@ def apply(root: Path, extra: dict) -> subprocess.CompletedProcess:
     (root / "play.yml").write_text(yaml.safe_dump(play))
     (root / "vars.json").write_text(json.dumps(extra))
     env = dict(os.environ, ANSIBLE_PYTHON_INTERPRETER=sys.executable, ANSIBLE_NOCOLOR="1")
-    # the role runs `sshd -t`, which needs sshd's privilege-separation directory; another test on this host that
-    # made and removed it (run_sshd_dir-style fixtures) must not pull it away between two applies
-    os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+    # the role runs `sshd -t`, which needs sshd's privilege-separation directory: every caller holds run_sshd_dir,
+    # which keeps it while any test process uses it
     return subprocess.run([str(PLAYBOOK), "-i", "localhost,", str(root / "play.yml"), "-e", f"@{root / 'vars.json'}"],
                           capture_output=True, text=True, timeout=300, cwd=str(REPO), env=env, check=False)
 
@@ -99,7 +99,7 @@ def test_role_applies_idempotently_and_sshd_logs_in(role_root, module_idp, tmp_p
             proc = subprocess.Popen([str(binary), "-D", "-e", "-f", str(root / "etc/ssh/sshd_config")], stdout=log,
                                     stderr=subprocess.STDOUT)
         try:
-            _wait_port(port, proc)
+            wait_port(port, proc)
             at = real_token(module_idp.issuer, ALICE, tmp_path)
             rc, out = ssh_login(port, ALICE, lambda p: at)
             assert rc == 0 and out.strip().splitlines()[-1].strip() == ALICE, out + (root / "pam.log").read_text()
@@ -109,21 +109,6 @@ def test_role_applies_idempotently_and_sshd_logs_in(role_root, module_idp, tmp_p
     finally:
         for p in pam_files:
             p.unlink(missing_ok=True)
-
-
-def _wait_port(port, proc):
-    import socket
-    import time
-
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            assert proc.poll() is None, "sshd exited"
-            time.sleep(0.05)
-    raise AssertionError("sshd did not listen")
 
 
 def test_role_refuses_bad_config_naming_key(role_root):

@@ -28,25 +28,26 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from oidc_forge import claims_for, make_private_jwks, sign
-from oidclab import PLAYBOOK, PREFIX, REPO, real_token
+
+from support.labs import LAB_SCRIPT, reserve
+from support.oidc_forge import claims_for, make_private_jwks, sign
+from support.oidclab import PLAYBOOK, PREFIX, REPO, real_token
 
 pytestmark = [pytest.mark.idp, pytest.mark.lab]
 ALICE, DAVE = f"{PREFIX}alice", f"{PREFIX}dave"
-LAB_SCRIPT = REPO / "tests" / "lab" / "slurm-lab.sh"
 RELEASE = os.environ.get("SLURM_LAB_RELEASE", "22.05")
-# One lab instance per release (a lab directory keeps its release), ports apart from the lane's main lab.
-PORT_BASE = int(os.environ.get("OIDC_SLURM_LAB_PORT_BASE", "17650" if RELEASE == "22.05" else "17850"))
-LAB_DIR = Path(os.environ.get("OIDC_SLURM_LAB_DIR", f"/tmp/gpufleet-lab-oidc-{RELEASE}-{PORT_BASE}"))
 # diag needs slurmctld to accept the token: 22.05 answers 500 and 24.11 511 when auth/jwt refuses it.
 DIAG = "/slurm/v0.0.38/diag" if RELEASE == "22.05" else "/slurm/v0.0.40/diag"
-# This lab's own scontrol: the host's for 22.05, the lab's chroot wrapper for 24.11 (never the lane's main lab,
-# whose SLURM_CONF and wrapper directory the session fixture exports).
-SCONTROL = "/usr/bin/scontrol" if RELEASE == "22.05" else f"{LAB_DIR}/bin/wrap/scontrol"
 ID_TOKENS = 2  # fresh ID tokens (other iat/exp, so other bytes and signatures), each must be accepted
 
 
-def _apply_role(root: Path, issuer: str) -> subprocess.CompletedProcess:
+def _scontrol(lab_dir: Path) -> str:
+    """This lab's own scontrol: the host's for 22.05, the lab's chroot wrapper for 24.11 (never the lane's main
+    lab, whose SLURM_CONF and wrapper directory the session fixture exports)."""
+    return "/usr/bin/scontrol" if RELEASE == "22.05" else f"{lab_dir}/bin/wrap/scontrol"
+
+
+def _apply_role(root: Path, issuer: str, lab_dir: Path) -> subprocess.CompletedProcess:
     import yaml
 
     (root / "etc/slurm").mkdir(parents=True, exist_ok=True)
@@ -62,16 +63,24 @@ def _apply_role(root: Path, issuer: str) -> subprocess.CompletedProcess:
              "slurm_rest_jwt_refresh_script": str(root / "sbin/gpufleet-slurm-jwks-refresh"),
              # the system interpreter: the refresh needs neither authlib nor joserfc
              "slurm_rest_jwt_python": "/usr/bin/python3",
-             "slurm_rest_jwt_reconfigure_command": f"env SLURM_CONF={LAB_DIR}/etc/slurm.conf {SCONTROL} reconfigure"}
+             "slurm_rest_jwt_reconfigure_command": f"env SLURM_CONF={lab_dir}/etc/slurm.conf {_scontrol(lab_dir)} "
+                                                   "reconfigure"}
     (root / "play.yml").write_text(yaml.safe_dump(play))
     (root / "vars.json").write_text(json.dumps(extra))
     return subprocess.run([str(PLAYBOOK), "-i", "localhost,", str(root / "play.yml"), "-e", f"@{root / 'vars.json'}"],
                           capture_output=True, text=True, timeout=300, cwd=str(REPO), check=False)
 
 
-def _lab(cmd: str, jwks: Path | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
-    env = dict(os.environ, SLURM_LAB_PORT_BASE=str(PORT_BASE), SLURM_LAB_DIR=str(LAB_DIR), SLURM_LAB_NODES="2",
-               SLURM_LAB_HEALTHCHECK_INTERVAL="0", SLURM_LAB_RELEASE=RELEASE)
+@pytest.fixture(scope="module")
+def block():
+    """A port block and lab directory of this module's own, from the lab factory."""
+    res = reserve("the OIDC slurmrestd lab", nodes=2)
+    yield res
+    res.release()
+
+
+def _lab(block, cmd: str, jwks: Path | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    env = block.script_env(2, RELEASE, SLURM_LAB_HEALTHCHECK_INTERVAL="0")
     if jwks:
         env["SLURM_LAB_JWKS"] = str(jwks)
     return subprocess.run(["bash", str(LAB_SCRIPT), cmd], env=env, capture_output=True, text=True, timeout=timeout,
@@ -79,17 +88,17 @@ def _lab(cmd: str, jwks: Path | None = None, timeout: float = 900) -> subprocess
 
 
 @pytest.fixture(scope="module")
-def jwt_lab(module_idp, local_users, tmp_path_factory):
+def jwt_lab(block, module_idp, local_users, tmp_path_factory):
     # local_users first: the 24.11 chroot gets the host's users when the lab starts.
     root = tmp_path_factory.mktemp("slurmroot")
-    r = _apply_role(root, module_idp.issuer)
+    r = _apply_role(root, module_idp.issuer, block.dir)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    r = _lab("start", root / "etc/slurm/jwks.json")
+    r = _lab(block, "start", root / "etc/slurm/jwks.json")
     try:
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-        yield root, PORT_BASE + 20
+        yield root, block.base + 20
     finally:
-        _lab("stop", timeout=120)
+        _lab(block, "stop", timeout=120)
 
 
 def _rest(port: int, user: str, token: str, path: str = DIAG) -> tuple[int, str]:
@@ -132,8 +141,8 @@ def _accepted(status: int, body: str) -> bool:
 class _CtldLog:
     """slurmctld's log from a mark on: the lines one request caused."""
 
-    def __init__(self):
-        self.path = LAB_DIR / "log" / "slurmctld.log"
+    def __init__(self, lab_dir: Path):
+        self.path = lab_dir / "log" / "slurmctld.log"
         self.mark = 0
 
     def start(self) -> None:
@@ -149,9 +158,9 @@ JWT_ERRORS = ("jwt_decode failure", "failed to verify jwt", "could not find matc
               "alternate user", "auth_p_verify")
 
 
-def test_slurmrestd_accepts_idp_token_and_rejects_forged(jwt_lab, module_idp, local_users, tmp_path):
+def test_slurmrestd_accepts_idp_token_and_rejects_forged(jwt_lab, block, module_idp, local_users, tmp_path):
     _root, port = jwt_lab
-    log = _CtldLog()
+    log = _CtldLog(block.dir)
     # The IdP's ID tokens (header without typ, RS256, kid rs-1, sun=<user>: Slurm's default user claim): every one
     # is accepted at once, and slurmctld logs no auth/jwt error for it.
     for attempt in range(ID_TOKENS):

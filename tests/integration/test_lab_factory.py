@@ -1,0 +1,94 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The lab factory's owner check, against real labs: a test never attaches to, resets or stops a lab it did not
+start (a person's ``make lab``, another run's lab), and a lab left by a test process that died is reclaimed.
+
+A "person's lab" here is the lab script started without SLURM_LAB_OWNER, as ``make lab`` starts it, on a block this
+module reserved first (so that no other test process can be handed it meanwhile).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from support.labs import LAB_SCRIPT, LabError, read_owner, reserve
+
+pytestmark = pytest.mark.lab
+RELEASE = os.environ.get("SLURM_LAB_RELEASE", "22.05")
+
+
+def _script(env: dict, cmd: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(LAB_SCRIPT), cmd], env=env, capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
+def _pid(lab_dir, name: str) -> int:
+    return int((lab_dir / "run" / f"{name}.pid").read_text().strip())
+
+
+@pytest.fixture
+def person_lab():
+    """A running one-node lab owned by a person (no SLURM_LAB_OWNER), stopped at the end by its owner."""
+    res = reserve("the owner-check test's stand-in for make lab", nodes=1)
+    env = res.script_env(1, RELEASE, SLURM_LAB_HEALTHCHECK_INTERVAL="0")
+    for key in ("SLURM_LAB_OWNER", "SLURM_LAB_OWNER_NOTE"):
+        env.pop(key)
+    r = _script(env, "start")
+    try:
+        assert r.returncode == 0, r.stdout + r.stderr
+        yield res, env
+    finally:
+        _script(env, "stop")
+        res.release()
+
+
+def test_a_running_lab_of_another_owner_is_never_attached_to(person_lab):
+    res, env = person_lab
+    holder, _note = read_owner(res.dir)
+    assert holder.startswith("person:"), holder
+    conf = (res.dir / "etc" / "slurm.conf").read_bytes()
+    ctld = _pid(res.dir, "slurmctld")
+
+    # the lab script itself refuses a test's token on that lab, by the holder's name, and changes nothing
+    r = _script(dict(env, SLURM_LAB_OWNER=res.token, SLURM_LAB_NODES="2"), "start")
+    assert r.returncode != 0
+    assert f"held by '{holder}'" in r.stderr and f"not by '{res.token}'" in r.stderr, r.stderr
+    assert (res.dir / "etc" / "slurm.conf").read_bytes() == conf
+    assert _pid(res.dir, "slurmctld") == ctld and os.path.isdir(f"/proc/{ctld}")
+
+    # the factory: the block is held (by this process's reservation) -> refused by name
+    with pytest.raises(LabError, match="reserved by another test process"):
+        reserve("a second reservation", nodes=1, base=res.base)
+    # ... and once the lock is gone, the person's running lab still keeps the block: refused, naming the owner
+    res.release()
+    with pytest.raises(LabError, match=f"in use by a lab held by '{holder}'"):
+        reserve("a reservation on a person's lab", nodes=1, base=res.base)
+    other = reserve("any free block", nodes=1)
+    try:
+        assert other.base != res.base
+    finally:
+        other.release()
+    assert _pid(res.dir, "slurmctld") == ctld and os.path.isdir(f"/proc/{ctld}")
+    # the owner itself may come back to its lab
+    r = _script(env, "start")
+    assert r.returncode == 0, r.stderr
+    assert _pid(res.dir, "slurmctld") == ctld
+
+
+def test_a_lab_left_by_a_dead_test_process_is_reclaimed():
+    res = reserve("the orphan-lab test", nodes=1)
+    dead = "test:999999999:0:deadbeef"  # no such PID: the owner is gone
+    env = dict(res.script_env(1, RELEASE, SLURM_LAB_HEALTHCHECK_INTERVAL="0"), SLURM_LAB_OWNER=dead)
+    r = _script(env, "start")
+    try:
+        assert r.returncode == 0, r.stdout + r.stderr
+        ctld = _pid(res.dir, "slurmctld")
+        res.release()
+        again = reserve("the orphan-lab test, again", nodes=1, base=res.base)
+        again.release()
+        assert not os.path.isdir(f"/proc/{ctld}"), "the orphaned lab was not stopped"
+    finally:
+        _script(env, "stop")
+        res.release()
