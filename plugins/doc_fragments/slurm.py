@@ -23,6 +23,7 @@ options:
     description:
       - Path of the C(slurm.conf) the Slurm commands use (sets E(SLURM_CONF) for them).
       - When not given, the environment's E(SLURM_CONF) or Slurm's default applies.
+      - A path that is not a file fails the task at once, naming this option.
     type: path
 notes:
   - The Slurm client commands must be on E(PATH) of the target (the node where the task runs, often the Slurm

@@ -7,6 +7,7 @@ fragment) and builds its client with ``client_from_module``: one way to honour `
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, List, NoReturn, Optional, Tuple
 
 from .slurm import Runner, SlurmClient, SlurmError
@@ -35,6 +36,10 @@ def client_from_module(module: Any) -> SlurmClient:
     p = module.params
     env = {}
     if p.get("slurm_conf"):
+        if not os.path.isfile(p["slurm_conf"]):
+            # Slurm's commands retry a slurm.conf they cannot read for about a minute before they fail: say so now
+            module.fail_json(msg=f"slurm_conf: no such file {p['slurm_conf']!r} (expected the path of the cluster's "
+                             "slurm.conf)")
         env["SLURM_CONF"] = p["slurm_conf"]
     commands = {k: p[k] for k in ("scontrol", "sinfo", "squeue") if p.get(k)}
     try:
