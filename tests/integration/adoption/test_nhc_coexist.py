@@ -166,6 +166,11 @@ def test_nhc_and_the_agent_both_drain_and_repair_leaves_nhc_alone(lab, tmp_path,
     try:
         # --- the site as it was: NHC is the HealthCheckProgram, and it drains the node whose check fails
         nhc = install_nhc(work, lab, n_nhc)
+        # Slurm 24.11 keeps a node's last reason after RESUME, and NHC keeps ("preserves") a note it did not set,
+        # even on an idle node: a reason left by an earlier test (slurm_stuck's "Kill task failed") would become
+        # NHC's. "none" is what sinfo prints for no reason, and NHC reads it so.
+        if lab.run("sinfo", "-h", "-n", n_nhc, "-o", "%E").stdout.strip() not in ("", "none"):
+            lab.run("scontrol", "update", f"NodeName={n_nhc}", "Reason=none")
         set_conf_line(lab.conf, "HealthCheckProgram", str(nhc))
         site_conf = lab.conf.read_bytes()
         lab.run("scontrol", "reconfigure")
