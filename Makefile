@@ -12,11 +12,13 @@ export ANSIBLE_COLLECTIONS_PATH := $(REPO)/collections
 export ANSIBLE_CONFIG := $(REPO)/ansible.cfg
 export PATH := $(REPO)/$(BIN):$(PATH)
 
-.PHONY: setup demo test lint typecheck unit sanity ansible-lint integration integration-2411 test-221 ee-context bench fuzz lab lab-stop clean lock help
+.PHONY: setup demo check test lint typecheck unit sanity ansible-lint integration integration-2411 test-221 \
+	sanity-221 unit-221 ee-context bench fuzz lab lab-stop clean lock help
 
 help:
 	@echo "make demo   - set up and run the main job (the simulator's default comparison)"
-	@echo "make test   - set up and run every test (lint, unit, sanity, ansible-lint, integration)"
+	@echo "make check  - the edit loop (about a minute): ruff, mypy and the pure tests (brain, parsers, simulator)"
+	@echo "make test   - set up and run every test, in lanes side by side (scripts/test_lanes.py --list)"
 	@echo "make typecheck - mypy over plugins/module_utils (part of make lint)"
 	@echo "make bench  - run the benchmarks and print figures"
 	@echo "make fuzz   - fuzz every parser of untrusted text (FUZZ_N inputs each, default 100000) and print a table"
@@ -67,8 +69,16 @@ lint: setup typecheck
 typecheck: setup
 	$(BIN)/mypy
 
+# The edit loop: what a change to the brain, a parser or the simulator breaks, in about a minute. Tests that run
+# Ansible, a Slurm daemon or a statistical campaign are in `make test` only (markers set in tests/unit/conftest.py).
+CHECK_MARKS := not ansible and not slow
+check: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(PY) -m pytest tests/unit -q -n 2 -m "$(CHECK_MARKS)"
+
 unit: setup
-	$(PY) -m pytest tests/unit -q
+	$(PY) -m pytest tests/unit -q -n 2 --durations=10
 
 sanity: setup
 	scripts/sanity.sh
@@ -76,12 +86,15 @@ sanity: setup
 ansible-lint: setup
 	$(BIN)/ansible-lint --profile production
 
+# Two workers a lane: each gets a Slurm lab of its own from the lab factory (tests/support/labs.py); a test file
+# stays on one worker (--dist loadfile), so its module-scoped labs and daemons start once.
+INTEGRATION_XDIST ?= -n 2 --dist loadfile --durations=15
 integration: setup
-	$(PY) -m pytest tests/integration -q
+	$(PY) -m pytest tests/integration -q $(INTEGRATION_XDIST)
 
 # The Slurm integration suite again, against Slurm 24.11 in a Debian trixie chroot.
 integration-2411: setup
-	SLURM_LAB_RELEASE=24.11 $(PY) -m pytest tests/integration -q -m lab
+	SLURM_LAB_RELEASE=24.11 $(PY) -m pytest tests/integration -q -m lab $(INTEGRATION_XDIST)
 
 # The ansible-core 2.21 lane: Python 3.12 (pyenv or the system's python3.12), its own venv. Versions: ansible-core
 # from requirements/ansible-2.21.txt, every other pin from dev.txt (used as constraints without its ansible-core line).
@@ -100,13 +113,22 @@ $(VENV221)/.stamp: requirements/ansible-2.21.txt requirements/dev.txt pyproject.
 # sanity (controller Python 3.12; the 2.19 lane covers 3.9-3.13; pylint runs in the 2.19 lane only: 2.21's
 # pylint plugin and pylint 4 add checks not cleared yet), the unit tests and a playbook smoke through
 # ansible-runner, all on ansible-core 2.21.
-test-221: setup $(VENV221)/.stamp
+# Only what meets Ansible runs again on 2.21 (modules, plugins, roles, the runner smoke): the pure brain tests do
+# not depend on ansible-core and ran once in `make unit`.
+test-221: sanity-221 unit-221
+
+sanity-221: setup $(VENV221)/.stamp
 	GPUFLEET_SANITY_VENV=$(VENV221) scripts/sanity.sh --python 3.12 --skip-test pylint
+
+unit-221: setup $(VENV221)/.stamp
 	# 2.21 adds a module's arguments to its result ("invocation", which the no_log tests read) only on request
 	PATH=$(REPO)/$(VENV221)/bin:$$PATH ANSIBLE_INJECT_INVOCATION=True \
-	  $(PY221) -m pytest tests/unit tests/integration/test_ansible_core_smoke.py -q
+	  $(PY221) -m pytest tests/unit tests/integration/test_ansible_core_smoke.py -q -n 2 -m ansible
 
-test: lint unit sanity ansible-lint integration integration-2411 test-221
+# Every lane side by side (scripts/test_lanes.py: lint, unit, sanity, ansible-lint, both Slurm releases, the 2.21
+# lane); set-up first, so that no two lanes install at once. One lane: scripts/test_lanes.py LANE.
+test: setup $(VENV221)/.stamp
+	$(PY) scripts/test_lanes.py
 
 # The AWX / AAP execution environment's build context (docs/awx/README.md): the collection tarball under the
 # version-free name execution-environment.yml expects, then ansible-builder create into dist/ee-context.

@@ -19,6 +19,7 @@ a person's ``make lab`` or another run's lab on the asked-for block is a failure
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +27,29 @@ from support.labs import LabError, SlurmLab, check_prerequisites, new_lab
 from support.shared import run_sshd_dir as shared_run_sshd_dir
 
 __all__ = ["LabError", "SlurmLab"]
+
+
+# The files that take minutes on a 2-core machine, longest first (measured with --durations). pytest-xdist's
+# --dist loadfile hands files to the workers in collection order, so these go first: no worker is left running one
+# of them alone at the end of the lane. Every other file keeps its place, and a file's tests their order.
+HEAVY_FIRST = (
+    "adoption/test_fresh_root.py", "health/test_storm_lab.py", "adoption/test_oidc_login_rollback.py",
+    "health/test_gpu_health_role.py", "adoption/test_nhc_coexist.py", "oidc/test_oidc_login_role.py",
+    "test_startup_scripts_role.py", "adoption/test_tools_venv.py", "test_startup_lab.py", "health/test_health_lab.py",
+    "test_slurm_node_lab.py", "test_slurm_reliability.py",
+)
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        try:
+            rel = Path(item.path).resolve().relative_to(HERE).as_posix()
+        except ValueError:
+            return len(HEAVY_FIRST)
+        return HEAVY_FIRST.index(rel) if rel in HEAVY_FIRST else len(HEAVY_FIRST)
+
+    items.sort(key=rank)  # a stable sort
 
 
 @pytest.fixture(scope="session")
