@@ -13,7 +13,7 @@ export ANSIBLE_CONFIG := $(REPO)/ansible.cfg
 export PATH := $(REPO)/$(BIN):$(PATH)
 
 .PHONY: setup demo check test lint typecheck unit sanity ansible-lint integration integration-2411 test-221 \
-	sanity-221 unit-221 ee-context bench fuzz lab lab-stop clean lock help
+	sanity-221 unit-221 integration-lab integration-services ee-context bench fuzz lab lab-stop clean lock help
 
 help:
 	@echo "make demo   - set up and run the main job (the simulator's default comparison)"
@@ -91,6 +91,14 @@ ansible-lint: setup
 INTEGRATION_XDIST ?= -n 2 --dist loadfile --durations=15
 integration: setup
 	$(PY) -m pytest tests/integration -q $(INTEGRATION_XDIST)
+
+# make integration in two halves, the lanes of make test: the Slurm lab tests, and the rest (the IdP, PAM, sshd,
+# roles into fresh roots, the tarball, monitoring), which need no Slurm.
+integration-lab: setup
+	$(PY) -m pytest tests/integration -q -m lab $(INTEGRATION_XDIST)
+
+integration-services: setup
+	$(PY) -m pytest tests/integration -q -m "not lab" $(INTEGRATION_XDIST)
 
 # The Slurm integration suite again, against Slurm 24.11 in a Debian trixie chroot.
 integration-2411: setup

@@ -32,12 +32,14 @@ TAIL = 300
 LANES: dict[str, list[str]] = {
     "static": ["lint", "sanity", "ansible-lint", "sanity-221"],
     "unit": ["unit", "unit-221"],
-    "slurm-22.05": ["integration"],
+    "services": ["integration-services"],
+    "slurm-22.05": ["integration-lab"],
     "slurm-24.11": ["integration-2411"],
 }
 
 COUNT_RE = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected)")
-SUMMARY_RE = re.compile(r"^=+ .*\b(passed|failed|errors?|skipped|no tests ran)\b.* in [0-9.]+s")
+# pytest's closing line, with -q ("3 failed, 90 passed, 2 warnings in 81.20s (0:01:21)") or without ("=== ... ===")
+SUMMARY_RE = re.compile(r"^(?:\d+ [a-z]+, )*\d+ [a-z]+ in [0-9.]+s\b|^no tests ran in [0-9.]+s\b")
 
 
 @dataclass
@@ -65,7 +67,7 @@ class Lane:
 def pytest_counts(text: str) -> dict:
     """The counts of pytest's closing line (``=== 12 passed, 1 skipped in 3.2s ===``), or {} when there is none."""
     for line in reversed(text.splitlines()):
-        if SUMMARY_RE.match(line.strip()):
+        if SUMMARY_RE.match(line.strip("= \t")):
             counts = {}
             for n, word in COUNT_RE.findall(line):
                 word = "errors" if word.startswith("error") else word

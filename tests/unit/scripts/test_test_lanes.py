@@ -1,0 +1,36 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""scripts/test_lanes.py reads the counts of each pytest step from its closing line: a lost or miscounted lane must
+show in make test's table."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "test_lanes.py"
+spec = importlib.util.spec_from_file_location("test_lanes", SCRIPT)
+lanes = importlib.util.module_from_spec(spec)
+sys.modules["test_lanes"] = lanes  # dataclasses look their module up there
+spec.loader.exec_module(lanes)
+
+
+def test_closing_lines_with_and_without_decoration():
+    assert lanes.pytest_counts("....\n1 failed, 92 passed, 23 warnings in 1351.12s (0:22:31)\nmake: *** Error 1") == {
+        "failed": 1, "passed": 92}
+    assert lanes.pytest_counts("===== 1293 passed, 2 skipped in 25.70s =====") == {"passed": 1293, "skipped": 2}
+    assert lanes.pytest_counts("= 3 errors, 1 deselected in 1.0s =") == {"errors": 3, "deselected": 1}
+
+
+def test_the_last_closing_line_counts_and_other_lines_do_not():
+    text = "12 passed in 1.0s\nthe test said: 99 passed in 3s is fake\n4 failed, 8 passed in 2.0s\n"
+    assert lanes.pytest_counts(text) == {"failed": 4, "passed": 8}
+    assert lanes.pytest_counts("no pytest here\n") == {}
+    assert lanes.pytest_counts("no tests ran in 0.10s") == {}
+
+
+def test_every_lane_names_make_targets_that_exist():
+    makefile = (SCRIPT.parents[1] / "Makefile").read_text()
+    for steps in lanes.LANES.values():
+        for target in steps:
+            assert f"\n{target}:" in makefile, target
