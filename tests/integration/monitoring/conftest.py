@@ -8,6 +8,7 @@ binary is a FAILURE (the Debian packages are in scripts/apt-packages.txt), never
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import socket
@@ -56,8 +57,37 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last})")
 
 
+def _descendants(pid: int) -> list:
+    """(pid, start time) of every process below ``pid`` now, from /proc (children first found, then theirs)."""
+    children: dict = {}
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            fields = (p / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append((int(p.name), fields[19]))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child[0])
+    return out
+
+
+def _same(pid: int, start: str) -> bool:
+    try:
+        return (Path(f"/proc/{pid}") / "stat").read_text().rsplit(")", 1)[1].split()[19] == start
+    except (OSError, IndexError):
+        return False
+
+
 def stop_process(proc: subprocess.Popen, grace: float = 20.0) -> None:
-    """SIGTERM the process we started (by its PID), SIGKILL it when it does not end within ``grace`` seconds."""
+    """SIGTERM the process we started and everything it started (each by its PID, checked by its start time: an
+    ansible-rulebook's playbook runs in a session of its own and outlived the rulebook), SIGKILL what does not end
+    within ``grace`` seconds."""
+    below = _descendants(proc.pid) if proc.poll() is None else []
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -65,6 +95,15 @@ def stop_process(proc: subprocess.Popen, grace: float = 20.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+    for pid, start in below:
+        if _same(pid, start):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(_same(pid, start) for pid, start in below) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid, start in below:
+        if _same(pid, start):
+            os.kill(pid, signal.SIGKILL)
 
 
 class Daemon:
