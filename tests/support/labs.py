@@ -45,7 +45,7 @@ class LabError(AssertionError):
     pass
 
 
-def _start_time(pid: int) -> str | None:
+def start_time(pid: int) -> str | None:
     """Field 22 of /proc/PID/stat (start time in clock ticks): a PID with another start time is another process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -57,7 +57,7 @@ def _start_time(pid: int) -> str | None:
 def process_token(pid: int | None = None) -> str:
     """This process's owner token (stable for the life of the process)."""
     pid = os.getpid() if pid is None else pid
-    return f"test:{pid}:{_start_time(pid)}:{_RANDOM}"
+    return f"test:{pid}:{start_time(pid)}:{_RANDOM}"
 
 
 _RANDOM = secrets.token_hex(4)
@@ -68,7 +68,7 @@ def token_alive(token: str) -> bool:
     parts = token.split(":")
     if len(parts) != 4 or parts[0] != "test" or not parts[1].isdigit():
         return True
-    return _start_time(int(parts[1])) == parts[2]
+    return start_time(int(parts[1])) == parts[2]
 
 
 def port_busy(port: int) -> bool:

@@ -18,15 +18,15 @@ import os
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .labs import ROOT, _start_time
+from .labs import ROOT, start_time
 
 
 def _me() -> list:
-    return [os.getpid(), _start_time(os.getpid())]
+    return [os.getpid(), start_time(os.getpid())]
 
 
 def _alive(holder: list) -> bool:
-    return _start_time(int(holder[0])) == holder[1]
+    return start_time(int(holder[0])) == holder[1]
 
 
 @contextlib.contextmanager

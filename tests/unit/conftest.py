@@ -10,7 +10,7 @@
   ``pytestmark = pytest.mark.ansible`` itself. These are the tests the ansible-core 2.21 lane runs again (-m ansible).
 * ``slow``: a pure test that takes seconds: the full-seed statistical campaigns (the published validation cases,
   whose few-seed smokes run in the fast tier) and the end-to-end runs of a console script in a fresh interpreter.
-  Written as ``@pytest.mark.slow`` next to the test; SLOW below names the few marked from here instead.
+  Written as ``@pytest.mark.slow`` next to the test (the markers are registered in pyproject.toml).
 
 The fast tier (``make check``) is ``pytest tests/unit -m "not ansible and not slow"``; ``make test`` runs them all.
 """
@@ -29,11 +29,6 @@ ANSIBLE_FIXTURES = frozenset({"localhost", "ansible_adhoc", "ansible_module", "a
 ANSIBLE_SOURCE = re.compile(r"^[ \t]*(?:import|from)[ \t]+(?:ansible|ansible_runner)(?:[. \t]|$)"
                             r"|[\"']ansible-(?:playbook|doc|runner|galaxy|test|lint|inventory|console|pull)[\"']",
                             re.MULTILINE)
-# node id under tests/unit -> why it is slow (for tests whose files do not mark them themselves)
-SLOW = {
-    "fuzz/test_fuzz_smoke.py::test_harness_smoke[scenario_target]":
-        "300 inputs through the scenario loader, each parsed as YAML and validated (~3 s; the other harnesses < 1 s)",
-}
 
 _source_drives_ansible: dict[Path, bool] = {}
 
@@ -48,31 +43,11 @@ def _drives_ansible(path: Path) -> bool:
     return _source_drives_ansible[path]
 
 
-MARKERS = {  # the same lines as pyproject.toml's
-    "ansible": "meets Ansible (modules, plugins, roles, doc fragments, ansible-playbook/ansible-runner); "
-               "set by tests/unit/conftest.py; not in make check",
-    "slow": "takes more than a few seconds",
-}
-
-
-def pytest_configure(config):
-    # also registered here, so that --strict-markers holds while pyproject.toml lacks a line
-    registered = {line.split(":", 1)[0].strip() for line in config.getini("markers")}
-    for name, text in MARKERS.items():
-        if name not in registered:
-            config.addinivalue_line("markers", f"{name}: {text}")
-
-
 def pytest_collection_modifyitems(config, items):
     for item in items:
         path = Path(str(item.path)).resolve()
-        try:
-            rel = path.relative_to(UNIT).as_posix()
-        except ValueError:
+        if UNIT not in path.parents:
             continue  # not a unit test (tests/integration and the rest carry their own markers)
         if (any(d in path.parents for d in ANSIBLE_DIRS) or ANSIBLE_FIXTURES.intersection(item.fixturenames)
                 or _drives_ansible(path)):
             item.add_marker(pytest.mark.ansible)
-        name = item.nodeid.split("::", 1)[1] if "::" in item.nodeid else item.name
-        if f"{rel}::{name}" in SLOW:
-            item.add_marker(pytest.mark.slow)

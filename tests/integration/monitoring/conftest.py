@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from support.labs import start_time
+
 REPO = Path(__file__).resolve().parents[3]
 MONITORING = REPO / "monitoring"
 
@@ -77,10 +79,7 @@ def _descendants(pid: int) -> list:
 
 
 def _same(pid: int, start: str) -> bool:
-    try:
-        return (Path(f"/proc/{pid}") / "stat").read_text().rsplit(")", 1)[1].split()[19] == start
-    except (OSError, IndexError):
-        return False
+    return start_time(pid) == start
 
 
 def stop_process(proc: subprocess.Popen, grace: float = 20.0) -> None:
