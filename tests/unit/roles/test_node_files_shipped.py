@@ -98,13 +98,30 @@ def _import_all(lib, files):
     return proc.stdout.strip()
 
 
+def _node_code_tasks(role):
+    """Every gpufleet.reliability.node_code task of ``role`` (blocks included)."""
+    def walk(tasks):
+        for task in tasks or []:
+            yield from walk(task.get("block")) if "block" in task else [task]
+            yield from walk(task.get("rescue"))
+            yield from walk(task.get("always"))
+    tasks = yaml.safe_load((REPO / "roles" / role / "tasks" / "main.yml").read_text())
+    return [t["gpufleet.reliability.node_code"] for t in walk(tasks) if "gpufleet.reliability.node_code" in t]
+
+
 @pytest.mark.parametrize("role", sorted(ROLES))
 def test_role_ships_the_files_derived_from_its_entry_modules(role):
+    """The role installs its code with node_code from its entry modules (node_code derives the files with
+    node_files), never from a hand-kept list; a list the role keeps for itself is that same derivation."""
     rv = _role_vars(role)
     assert rv[f"{role}_lib_entries"] == ROLES[role]
-    expr = rv[f"{role}_lib_files"].replace(" ", "")
-    assert expr == f"{{{{{role}_lib_entries|gpufleet.reliability.node_files({role}_lib_src)}}}}", \
-        f"roles/{role}/vars/main.yml: {role}_lib_files must be derived from the imports, not a hand-kept list"
+    tasks = _node_code_tasks(role)
+    assert tasks and all(t["entries"] == f"{{{{ {role}_lib_entries }}}}" and t["src"] == f"{{{{ {role}_lib_src }}}}"
+                         for t in tasks), tasks
+    if f"{role}_lib_files" in rv:
+        expr = rv[f"{role}_lib_files"].replace(" ", "")
+        assert expr == f"{{{{{role}_lib_entries|gpufleet.reliability.node_files({role}_lib_src)}}}}", \
+            f"roles/{role}/vars/main.yml: {role}_lib_files must be derived from the imports, not a hand-kept list"
 
 
 @pytest.mark.parametrize("role", sorted(ROLES))

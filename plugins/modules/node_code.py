@@ -1,0 +1,205 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: node_code
+short_description: Install the collection's node-side code (entry modules and everything they import) in one step
+version_added: "0.4.0"
+description:
+  - Installs the C(module_utils) files a node-side command needs (the health agent, the startup runner, the PAM
+    glue) under O(dest) on the node, laid out as in the collection, so their relative imports work there.
+  - The files are the O(entries) and every C(module_utils) file they import, transitively, as the
+    C(gpufleet.reliability.node_files) filter derives them on the controller from the code under O(src). A new
+    import is shipped with no list to edit.
+  - All files go in one module run, not one task item per file (a per-file C(ansible.builtin.copy) loop costs one
+    module round trip per file and per directory, on every node). Each file that differs is replaced atomically
+    (a temporary file in the same directory, then a rename); files that are the same are not touched. Directories
+    are created as needed and given O(directory_mode).
+  - Files under O(dest) that the entries no longer import are left in place (another role may share O(dest)).
+  - This module has an action plugin of the same name, which reads the files on the controller; O(files) is set
+    by it.
+author:
+  - gpufleet.reliability contributors (@gpufleet)
+extends_documentation_fragment:
+  - gpufleet.reliability.attributes
+options:
+  entries:
+    description:
+      - The entry modules, relative to O(src), for example C(cli/health_agent.py).
+    type: list
+    elements: str
+    required: true
+  src:
+    description:
+      - The collection's C(plugins/module_utils) directory on the controller.
+    type: path
+    required: true
+  dest:
+    description:
+      - The directory on the node that stands for C(module_utils), for example
+        C(/opt/gpufleet/lib/ansible_collections/gpufleet/reliability/plugins/module_utils). Created with its parents
+        if missing.
+    type: path
+    required: true
+  mode:
+    description:
+      - The permission bits of every file, as an octal string.
+    type: str
+    default: "0644"
+  directory_mode:
+    description:
+      - The permission bits of O(dest) and of every directory under it that holds a file, as an octal string.
+    type: str
+    default: "0755"
+  files:
+    description:
+      - Set by the action plugin, not by a playbook - each file's path relative to O(dest) and its text.
+    type: dict
+    required: true
+notes:
+  - The files are read on the controller, so the controller's copy of the collection is what the node runs.
+"""
+
+EXAMPLES = r"""
+- name: Install the health agent's code
+  gpufleet.reliability.node_code:
+    entries: [cli/health_agent.py]
+    src: "{{ role_path }}/../../plugins/module_utils"
+    dest: /opt/gpufleet/lib/ansible_collections/gpufleet/reliability/plugins/module_utils
+"""
+
+RETURN = r"""
+dest:
+  description: The directory the files were installed under.
+  returned: always
+  type: str
+files:
+  description: Every file shipped, relative to RV(dest), sorted.
+  returned: always
+  type: list
+  elements: str
+  sample: [__init__.py, cli/__init__.py, cli/health_agent.py]
+changed_files:
+  description: The files written (or, in check mode, that would be written), or whose mode was set, relative to
+    RV(dest).
+  returned: always
+  type: list
+  elements: str
+created_directories:
+  description: The directories created (or that would be created).
+  returned: always
+  type: list
+  elements: str
+"""
+
+import os
+import stat
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.reliability.plugins.module_utils.fileutil import atomic_write
+
+
+def octal(module, name):
+    """The permission bits of option ``name``, or fail naming it."""
+    text = str(module.params[name])
+    try:
+        value = int(text, 8)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 0o7777:
+        module.fail_json(msg=f"{name}: expected an octal mode such as 0644, got {text!r}")
+    return value
+
+
+def relative(module, rel):
+    """``rel`` if it is a plain relative path under dest, else fail naming it."""
+    parts = rel.split("/")
+    if not rel or rel.startswith("/") or "\\" in rel or "\0" in rel or any(p in ("", ".", "..") for p in parts):
+        module.fail_json(msg=f"files: expected plain relative paths under dest, got {rel!r}")
+    return rel
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            entries=dict(type="list", elements="str", required=True),
+            src=dict(type="path", required=True),
+            dest=dict(type="path", required=True),
+            mode=dict(type="str", default="0644"),
+            directory_mode=dict(type="str", default="0755"),
+            files=dict(type="dict", required=True),
+        ),
+        supports_check_mode=True,
+    )
+    dest = os.path.abspath(module.params["dest"])
+    mode, dir_mode = octal(module, "mode"), octal(module, "directory_mode")
+    files = {}
+    for rel, text in module.params["files"].items():
+        if not isinstance(text, str):
+            module.fail_json(msg=f"files: expected the text of {rel!r}, got {type(text).__name__}")
+        files[relative(module, rel)] = text.encode("utf-8", "surrogateescape")
+
+    # dest, then every directory under it that holds a file, parents first
+    dirs = {dest}
+    for rel in files:
+        parts = rel.split("/")[:-1]
+        dirs.update(os.path.join(dest, *parts[:n]) for n in range(1, len(parts) + 1))
+    created, chmod_dirs = [], []
+    for path in sorted(dirs, key=lambda p: (p.count(os.sep), p)):
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            created.append(path)
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            module.fail_json(msg=f"dest: {path} exists and is not a directory")
+        if stat.S_IMODE(st.st_mode) != dir_mode:
+            chmod_dirs.append(path)
+
+    write, chmod_files, diff = [], [], []
+    for rel in sorted(files):
+        path = os.path.join(dest, rel)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            st = None
+        old = None  # missing, or a link (replaced by a file, never followed)
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            module.fail_json(msg=f"files: {path} exists and is a directory")
+        if st is not None and stat.S_ISREG(st.st_mode):
+            with open(path, "rb") as handle:
+                old = handle.read()
+        if old != files[rel]:
+            write.append(rel)
+            diff.append({"before_header": path, "after_header": path,
+                         "before": "" if old is None else old.decode("utf-8", "replace"),
+                         "after": files[rel].decode("utf-8", "replace")})
+        elif stat.S_IMODE(st.st_mode) != mode:
+            chmod_files.append(rel)
+            diff.append({"before_header": path, "after_header": path,
+                         "before": {"mode": oct(stat.S_IMODE(st.st_mode))}, "after": {"mode": oct(mode)}})
+
+    changed = bool(created or chmod_dirs or write or chmod_files)
+    if changed and not module.check_mode:
+        for path in created:
+            os.makedirs(path, exist_ok=True)
+        for path in created + chmod_dirs:
+            os.chmod(path, dir_mode)
+        for rel in write:
+            atomic_write(os.path.join(dest, rel), files[rel], mode)
+        for rel in chmod_files:
+            os.chmod(os.path.join(dest, rel), mode)
+
+    result = dict(changed=changed, dest=dest, files=sorted(files), changed_files=sorted(write + chmod_files),
+                  created_directories=created)
+    if module._diff:
+        result["diff"] = [{"before": {"path": p, "state": "absent"}, "after": {"path": p, "state": "directory"}}
+                          for p in created] + diff
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
