@@ -10,8 +10,12 @@ version_added: "0.1.0"
 description:
   - Carries out the Slurm part of a decision of C(gpufleet.reliability.repair_plan) for one node, through the
     collection's Slurm adapter, and keeps the node's compact repair history in its C(Extra) (or C(Comment)) field.
-  - O(op=record) writes O(history). O(op=outcome) records the verification result of the pending step
-    (O(outcome)) into the stored history (an C(ok) closes the incident and starts the cooldown).
+  - O(op=record) writes O(history). O(op=ran) records in the stored history that the pending step ran, now (the
+    proof a GPU reset leaves right after it returned). O(op=outcome) records the verification result of the
+    pending step (O(outcome)) into the stored history (an C(ok) closes the incident and starts the cooldown) -
+    only when the step is proven to have run (its own record, or for a reboot a boot of the node after the
+    step's intent); otherwise it records C(unproven): the step did not happen as far as anyone can show, and the
+    next plan offers it again instead of the next, more drastic step.
   - O(op=drain) drains with O(reason) (which must start with O(reason_prefix)). O(op=reboot) runs
     C(scontrol reboot ASAP nextstate=DOWN reason=...), so the node comes back DOWN and is only resumed after it
     has been verified. O(op=escalate) replaces the drain reason with O(reason) (the node stays out of service).
@@ -40,7 +44,7 @@ options:
     description: What to do (see the description).
     type: str
     required: true
-    choices: [record, outcome, drain, reboot, escalate, resume, spare_in, check, note, status]
+    choices: [record, ran, outcome, drain, reboot, escalate, resume, spare_in, check, note, status]
   history:
     description: History text to store (O(op=record)); also stored by the other write operations when given.
     type: str
@@ -112,7 +116,13 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.diff import change
-from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import HistoryError, is_ours, record_outcome
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import (
+    HistoryError,
+    dumps,
+    is_ours,
+    record_ran,
+    record_verification,
+)
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.history import loads_ours
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import Node, SlurmError
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm_module import (
@@ -125,8 +135,8 @@ def main() -> None:
     argument_spec = dict(
         node=dict(type="str", required=True),
         op=dict(type="str", required=True,
-                choices=["record", "outcome", "drain", "reboot", "escalate", "resume", "spare_in", "check", "note",
-                         "status"]),
+                choices=["record", "ran", "outcome", "drain", "reboot", "escalate", "resume", "spare_in", "check",
+                         "note", "status"]),
         history=dict(type="str"),
         outcome=dict(type="str", choices=["ok", "failed", "timeout"]),
         cooldown=dict(type="float", default=1800),
@@ -185,11 +195,14 @@ def main() -> None:
         module.exit_json(changed=False, node=before, history=current)
 
     new_history = p["history"]
-    if op == "outcome":
+    if op in ("outcome", "ran"):
         if not is_ours(current):
             module.fail_json(msg=f"node {name}: {field} holds text that is not a gpufleet history; not touched")
         try:
-            new_history = record_outcome(current, p["outcome"], time.time(), p["cooldown"])
+            if op == "ran":
+                new_history = record_ran(current, time.time())
+            else:
+                new_history = dumps(record_verification(current, p["outcome"], node, time.time(), p["cooldown"]))
         except HistoryError as exc:
             module.fail_json(msg=f"node {name}: {exc}")
     if new_history is not None and new_history != current:

@@ -28,7 +28,9 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import
     BreakerState,
     Counts,
     FleetSummary,
+    History,
     NodeState,
+    loads,
 )
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.drain import wants_drain
 
@@ -47,7 +49,7 @@ class NodeRec:
     state: str = "healthy"  # precursor | failed | drained | repair | retired
     fault: dict | None = None
     since: float = 0.0
-    attempts: list = field(default_factory=list)  # [(time_h, action, ok)]
+    attempts: list = field(default_factory=list)  # [(time_h, action, ok, step_ended_h)]
     verdict: dict | None = None
     failures: int = 0
     token: int = 0  # invalidates stale scheduled callbacks
@@ -998,8 +1000,17 @@ class Sim:
                     ok = yield from self._by_hand(rec, a)
                 else:
                     ok = yield from self._do(rec, a)
+                # what the bodies leave as proof that the step ran, when it ended (before its check): a reset's
+                # own record (repair_step op=ran), a reboot's new boot time in Slurm; the check's report is newer
+                proved = to_epoch(rec.attempts[-1][3])
+                if a == "reset_gpu":
+                    h = sl.history.copy() if isinstance(sl.history, History) else loads(sl.history)
+                    h.ran(proved)
+                    sl.history = h
+                elif a == "reboot":
+                    sl.boot_time = float(proved)
                 rep = self.brain.healthy_report() if ok else self._report_for(rec)
-                sl.report, sl.report_time = rep["report"], float(to_epoch(env.now))
+                sl.report, sl.report_time = rep["report"], float(max(to_epoch(env.now), proved + 1))
                 at = env.now
                 continue
             raise RuntimeError(f"repair brain returned an action the simulator does not know: {a}")
@@ -1135,11 +1146,12 @@ class Sim:
         dur = acts[action]["duration_min"]["sample"](rng) * H
         if action == "replace":
             dur += self.rep["rma_lead_days"]["sample"](rng) * 24.0
+        done_at = env.now + dur  # the step itself ends; its check follows
         yield env.timeout(dur + self.rep["verify_min"]["sample"](rng) * H)
         self.stats["repair_actions"][action] = self.stats["repair_actions"].get(action, 0) + 1
         need = LEVEL[rec.fault["fixed_by"]] if rec.fault else 0
         ok = LEVEL[action] >= need and rng.random() < acts[action]["success"]
-        rec.attempts.append((env.now, action, ok))
+        rec.attempts.append((env.now, action, ok, done_at))
         if ok:
             lem = self.sc["lemons"]
             # the cure is drawn only when a repair can miss, so runs without misdiagnosis keep their random streams

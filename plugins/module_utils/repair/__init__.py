@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .classify import classify
 from .config import DEFAULT_LADDERS, Limit, RepairConfig, parse_duration
-from .history import History, HistoryError, Incident, Step, dumps, is_ours, loads, record_outcome
+from .history import History, HistoryError, Incident, Step, dumps, is_ours, loads, record_outcome, record_ran
 from .limits import breaker_threshold
 from .model import (
     ACTIONS,
@@ -29,6 +29,7 @@ from .model import (
     SpareMove,
 )
 from .policy import plan, retention
+from .rules import proof, record_verification
 from .state import Counts, FleetSummary, NodeState
 
 __all__ = [
@@ -59,6 +60,9 @@ __all__ = [
     "loads",
     "parse_duration",
     "plan",
+    "proof",
     "record_outcome",
+    "record_ran",
+    "record_verification",
     "retention",
 ]

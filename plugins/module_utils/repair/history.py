@@ -10,7 +10,10 @@ Serialised as one line of JSON with short keys, integer epoch seconds and one-le
 
 - ``gf``: format version (and the mark that the field is ours); ``n``: incidents opened so far.
 - ``i``: the open incident: id, failure class, finding code, GPU index, first seen, steps
-  ``[action, started, outcome]`` with outcome ``o`` ok, ``f`` failed, ``t`` timed out, ``null`` pending;
+  ``[action, started, outcome]`` or ``[action, started, outcome, ran]`` with outcome ``o`` ok, ``f`` failed,
+  ``t`` timed out, ``u`` never proven (the step's intent was written, but nothing shows that it ran: it does not
+  count as tried), ``null`` pending; ``ran``: when the step was proven to have run (a reset: its own record right
+  after the reset returned; a reboot: the node's boot time, once seen newer than the intent);
   ``e`` when it was escalated, ``sp`` the spare brought in for it, ``hk`` hook called (action codes).
 - ``r``: repair steps started (any incident), ``<action code><time>`` comma-separated, for budgets
   and escalation.
@@ -41,7 +44,7 @@ MAX_REPAIRS = 8
 MAX_PAST = 8
 MAX_CODE = 32
 MAX_NOTE = 120
-OUTCOMES = {"o": "ok", "f": "failed", "t": "timeout"}
+OUTCOMES = {"o": "ok", "f": "failed", "t": "timeout", "u": "unproven"}
 OUTCOME_CODES = {v: k for k, v in OUTCOMES.items()}
 
 
@@ -56,7 +59,8 @@ class Step:
 
     action: str
     started: int
-    outcome: Optional[str] = None  # None (pending), "ok", "failed", "timeout"
+    outcome: Optional[str] = None  # None (pending), "ok", "failed", "timeout", "unproven"
+    ran: Optional[int] = None  # when the step was proven to have run; None: no proof yet
 
 
 @dataclass
@@ -72,7 +76,8 @@ class Incident:
     hooks: List[str] = field(default_factory=list)
 
     def tried(self, action: str) -> bool:
-        return any(s.action == action for s in self.steps)
+        """A step of ``action`` ran in this incident (a step never proven to have run was not tried)."""
+        return any(s.action == action and s.outcome != "unproven" for s in self.steps)
 
     def pending(self) -> Optional[Step]:
         if self.steps and self.steps[-1].outcome is None:
@@ -123,7 +128,18 @@ class History:
         step = inc.pending() if inc is not None else None
         if inc is None or step is None:
             return False
-        inc.steps[-1] = Step(step.action, step.started, outcome)
+        inc.steps[-1] = Step(step.action, step.started, outcome, step.ran)
+        return True
+
+    def ran(self, now: float) -> bool:
+        """Record that the pending step ran (proof, written right after it did). Returns False when no step was
+        pending; a step already proven keeps its first proof."""
+        inc = self.incident
+        step = inc.pending() if inc is not None else None
+        if inc is None or step is None:
+            return False
+        if step.ran is None:
+            inc.steps[-1] = Step(step.action, step.started, None, int(now))
         return True
 
     def retract(self, step: Step) -> None:
@@ -209,8 +225,8 @@ def dumps(h: History) -> str:
         if inc.hooks:
             i += ',"hk":"' + "".join([ACTION_CODE[a] for a in inc.hooks]) + '"'
         i += f',"id":{int(inc.id)},"k":' + _json_str_memo(inc.code[:MAX_CODE])
-        i += ',"s":[' + ",".join([f'["{ACTION_CODE[s.action]}",{int(s.started)},{_step_outcome_json(s.outcome)}]'
-                                  for s in inc.steps]) + "]"
+        i += ',"s":[' + ",".join([f'["{ACTION_CODE[s.action]}",{int(s.started)},{_step_outcome_json(s.outcome)}'
+                                  + ("]" if s.ran is None else f",{int(s.ran)}]") for s in inc.steps]) + "]"
         if inc.spare:
             i += ',"sp":' + _json_str_memo(inc.spare)
         out += ',"i":{' + i + f',"t":{int(inc.first_seen)}}}'
@@ -331,8 +347,11 @@ def _from_obj(d: dict) -> History:
                     raise HistoryError(f"history i.{key}: expected a string, got {type(i[key]).__name__}")
             steps = []
             for s in i.get("s", []):
+                if len(s) not in (3, 4):
+                    raise HistoryError(f"history i.s: expected [action, started, outcome(, ran)], got {s!r}")
                 outcome = OUTCOMES[s[2]] if s[2] is not None else None
-                steps.append(Step(CODE_ACTION[s[0]], _int(s[1], "i.s"), outcome))
+                ran = _int(s[3], "i.s") if len(s) == 4 and s[3] is not None else None
+                steps.append(Step(CODE_ACTION[s[0]], _int(s[1], "i.s"), outcome, ran))
             h.incident = Incident(
                 id=_int(i["id"], "i.id"),
                 failure_class=CODE_CLASS[i["c"]],
@@ -362,11 +381,18 @@ def record_outcome(
 ) -> str:
     """Record a verification result for the pending step of ``text`` and return the new text.
 
-    ``outcome`` is ok, failed or timeout. An ``ok`` closes the incident (the node is back in service)
+    ``outcome`` is ok, failed, timeout or unproven. An ``ok`` closes the incident (the node is back in service)
     unless ``close`` is False; the cooldown starts then.
     """
     h = loads(text)
     h.finish(outcome)
     if close if close is not None else outcome == "ok":
         h.close(now, cooldown_s)
+    return dumps(h)
+
+
+def record_ran(text: Optional[str], now: float) -> str:
+    """Record in ``text`` that its pending step ran at ``now`` (the proof a reset leaves) and return the new text."""
+    h = loads(text)
+    h.ran(now)
     return dumps(h)

@@ -8,8 +8,10 @@ A rule reads the node's :class:`Case` and returns a Decision, or None to let the
 1. ``foreign_history``, ``not_ours``: the history field holds someone else's text, or the node is out of service
    with a reason that is not ours -> hold, never touched (our open incident on it is closed with a note).
    ``no_report``: a node in service without a report -> hold.
-2. ``in_progress``: a step in progress -> wait, until a fresh report verifies it (ok -> resume), a fresh sick
-   report fails it, or it times out; a reboot that never happened is forgotten.
+2. ``in_progress``: a step in progress counts only on proof that it ran (its own record after a reset; a boot
+   after the intent for a reboot) -> wait, until a report newer than the proof verifies it (ok -> resume), fails
+   it, or it times out; without proof it is never failed and ends ``unproven`` (offered again, not counted as
+   tried); a reboot Slurm never took is forgotten.
 3. ``drain_requested``: degraded and the health check asks for a drain -> hold for a person.
    ``healthy``: healthy (or degraded with nothing to do and ``resume_degraded``) -> resume when drained by us
    (``healthy_resume``), else ``healthy_in_service`` or ``breaker``; ``degraded_monitor`` otherwise.
@@ -36,7 +38,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from .classify import classify
 from .config import RepairConfig
-from .history import History, Incident, Step
+from .history import History, Incident, Step, loads
 from .limits import Limits, budget_free_at
 from .model import CHANGING_ACTIONS, REPAIR_STEPS, SEVERITY, BreakerState, Decision, HookCall
 
@@ -209,9 +211,44 @@ def reboot_never_happened(n: Any, pending: Step, config: RepairConfig) -> bool:
     )
 
 
+def proof(n: Any, pending: Step) -> Optional[float]:
+    """When the pending step is proven to have run, or None: a step's own record that it ran (a reset, written
+    right after the reset returned), or for a reboot a boot of the node after the intent. A boot time Slurm does
+    not know (0 or missing: slurmctld restarted and the node's slurmd has not registered yet) proves nothing."""
+    if pending.ran is not None:
+        return pending.ran
+    if pending.action == "reboot" and n.boot_time is not None and n.boot_time >= pending.started:
+        return n.boot_time
+    return None
+
+
+def record_verification(text: Any, outcome: str, n: Any, now: float, cooldown_s: float = 1800.0) -> History:
+    """The history ``text`` with the body's verification of its pending step recorded: ``outcome`` (ok or failed)
+    when the step is proven to have run (:func:`proof`; a reboot's boot time is kept as its proof), ``unproven``
+    when it is not (a check of a node whose reboot never happened says nothing about the reboot). An ok closes
+    the incident and starts the cooldown. ``n``: the node as Slurm shows it now (``boot_time``)."""
+    h = loads(text).copy()
+    inc = h.incident
+    pending = inc.pending() if inc is not None else None
+    if pending is not None and pending.action not in LONG_STEPS:
+        proved = proof(n, pending)
+        if proved is None:
+            outcome = "unproven"
+        else:
+            h.ran(proved)
+    h.finish(outcome)
+    if outcome == "ok":
+        h.close(now, cooldown_s)
+    return h
+
+
 def in_progress(c: Case) -> Optional[Decision]:
-    """A step in progress: wait until a fresh report verifies it (ok), a fresh sick report fails it, or it times
-    out; then the next rules decide. A reboot that never happened is forgotten (it does not count)."""
+    """A step in progress counts only on proof that it ran (:func:`proof`). With proof, a report newer than the
+    proof judges it (healthy: ok; sick: failed), else it times out. Without proof it is never failed: it waits,
+    and at its timeout (or when a fresh report finds the node healthy anyway) it ends ``unproven``, which does not
+    count as tried, so the ladder offers the same step again (within the budget and the incident's attempts).
+    A reboot Slurm never took is forgotten. A reimage or replacement (done by a hook) ends on a healthy report or
+    its timeout."""
     hist, n, config, now = c.hist, c.n, c.config, c.now
     if hist is None:  # a rule reached without what the rule order guarantees
         raise AssertionError("repair rule order: hist is not None")
@@ -228,8 +265,9 @@ def in_progress(c: Case) -> Optional[Decision]:
     # only a short step (reset, reboot) is verified by the playbook while it waits: a reimage or replacement
     # ends on a healthy report or its timeout, never on a check of the still-broken node
     check = pending.action not in LONG_STEPS
-    fresh = n.report_time is not None and n.report_time > pending.started
-    if c.verdict == "healthy" and (n.report_time is None or fresh):
+    proved = proof(n, pending) if check else pending.started
+    newer = n.report_time is not None and n.report_time > (proved if proved is not None else pending.started)
+    if proved is not None and c.verdict == "healthy" and (n.report_time is None or newer):
         hist.finish("ok")
     elif n.rebooting and now < done_by:
         return c.mk(
@@ -243,20 +281,24 @@ def in_progress(c: Case) -> Optional[Decision]:
             verify=check,
             **inc_kw(inc),
         )
-    elif c.actionable and pending.action not in LONG_STEPS and fresh:
+    elif proved is not None and check and c.actionable and newer:
         hist.finish("failed")
     elif now >= done_by:
-        hist.finish("timeout")
+        hist.finish("timeout" if proved is not None else "unproven")
+    elif proved is None and c.verdict == "healthy" and newer:
+        hist.finish("unproven")  # healthy anyway: the step is not credited, the node goes back as it is
     else:
-        return c.mk(
-            "wait",
-            f"{pending.action} started at {pending.started}; waiting for a health report newer than it",
-            "in_progress",
-            earliest=done_by,
-            hist=hist,
-            verify=check,
-            **inc_kw(inc),
-        )
+        if proved is not None:
+            why = f"{pending.action} started at {pending.started}; waiting for a health report newer than it"
+        elif pending.action == "reboot":
+            why = "reboot started at {}; no boot of the node since ({}); waiting, never judged without one".format(
+                pending.started, "Slurm does not know its boot time: its slurmd has not registered"
+                if n.boot_time is None else f"last boot {int(n.boot_time)}")
+        else:
+            why = f"{pending.action} started at {pending.started}; no record that it ran; waiting, never judged " \
+                  "without one"
+        return c.mk("wait", why, "in_progress", earliest=done_by, hist=hist, verify=check and proved is not None,
+                    **inc_kw(inc))
     c.pending_before = pending  # for before(): the outcome set above replaced it
     c.limits.release(n)
     return None
@@ -502,7 +544,7 @@ def ladder(c: Case) -> Tuple[str, str, str]:
         raise AssertionError("repair rule order: inc is not None")
     steps = c.config.ladder_for(c.cls)
     start = ladder_start(steps, c.report_action)
-    done = {s.action for s in inc.steps}
+    done = {s.action for s in inc.steps if s.outcome != "unproven"}  # a step never proven to have run: offered again
     step = None
     for s in steps[start:]:
         if s not in done:

@@ -315,3 +315,76 @@ def test_reboot_intent_that_slurm_never_took_is_retried_under_a_limit_of_one(rep
     assert (d["action"], d["runnable"]) == ("reboot", True), d  # not held by its own retracted step
     assert _reboots(rl, n) == 1
     assert lab.wait_for(n, "idle", timeout=30)[0] == "idle"
+
+
+# ---- issue 27: a step counts only on proof that it ran ------------------------------------------------------------
+def _pending(rl, node, code, started, cls="gm", fault="xid48"):
+    """What a run killed right after "Record the step" leaves: the step's intent, nothing else."""
+    rl.set_extra(node, json.dumps({"gf": 1, "i": {"c": cls, "g": 3, "id": 1, "k": fault, "s": [[code, started, None]],
+                                                  "t": started - 60}, "n": 1, "r": f"{code}{started}"},
+                                  separators=(",", ":")))
+
+
+def _resets(rl, node):
+    log = rl.dir / "log" / "fake-nvidia-smi.log"
+    return len([ln for ln in log.read_text().splitlines() if " -r" in ln and node in ln]) if log.exists() else 0
+
+
+def test_a_reset_that_never_ran_is_never_failed_and_is_offered_again(repair_lab):
+    """Case 4: the intent of a reset, no reset: the agent's sick reports newer than the intent do not fail it (no
+    needless reboot); at its timeout it is offered again, runs, and the node is verified and resumed."""
+    rl = repair_lab
+    lab = rl.lab
+    n = lab.nodes[1]
+    cfg = {"step_timeout": {"reset_gpu": "120s"}, "blast_radius": {"max_unavailable": 1, "min_healthy": 0}}
+    rl.inject(n, "xid48", "reset_gpu")
+    rl.drained_by_agent(n)
+    started = int(time.time()) - 5
+    _pending(rl, n, "g", started)
+    report = rl.dir / "reports" / f"{n}.json"
+    wait_until(lambda: report.exists() and report.stat().st_mtime > started + 1, timeout=60, what="fresh report")
+    _r, art = rl.run(config=cfg)
+    d = _decisions(art)[n]
+    assert (d["action"], d["rule"], d["verify"]) == ("wait", "in_progress", False), d
+    assert "no record that it ran" in d["reason"], d
+    assert (_resets(rl, n), _reboots(rl, n)) == (0, 0)
+    assert rl.history(n)["i"]["s"] == [["g", started, None]]  # still pending: nothing judged it
+
+    _pending(rl, n, "g", started - 200)  # the same intent, now past its timeout
+    _r, art = rl.run(config=cfg)
+    d = _decisions(art)[n]
+    assert (d["action"], d["rule"]) == ("reset_gpu", "ladder"), d  # the same step again, not a reboot
+    assert "after reset_gpu unproven" in d["reason"], d
+    assert lab.wait_for(n, "idle", timeout=30)[0] == "idle"
+    assert (_resets(rl, n), _reboots(rl, n)) == (1, 0)
+    assert "i" not in rl.history(n), rl.history(n)
+
+
+def test_a_reboot_slurm_timed_out_is_never_replaced(repair_lab):
+    """Case 2: Slurm gave up on a late reboot ("reboot timed out") and the node never booted: no replacement
+    and no hook call; at the step's timeout the reboot is offered again, runs, and the node comes back."""
+    rl = repair_lab
+    lab = rl.lab
+    n = lab.nodes[2]
+    cfg = {"step_timeout": {"reboot": "300s"}, "blast_radius": {"max_unavailable": 1, "min_healthy": 0}}
+    rl.inject(n, "xid79", "reboot")
+    rl.drained_by_agent(n)
+    started = int(time.time()) - 5
+    _pending(rl, n, "b", started, cls="gl", fault="xid79")
+    # what Slurm shows after ResumeTimeout on a reboot that never happened: DOWN, our reason with its own note
+    lab.run("scontrol", "update", f"NodeName={n}", "State=DOWN",
+            "Reason=gpufleet: reboot xid79 (incident 1) : reboot timed out")
+    _r, art = rl.run(config=cfg)
+    d = _decisions(art)[n]
+    assert (d["action"], d["rule"], d["hook"]) == ("wait", "in_progress", None), d
+    assert "no boot of the node since" in d["reason"], d
+    assert rl.hook_calls() == [] and _reboots(rl, n) == 0
+
+    _pending(rl, n, "b", started - 400, cls="gl", fault="xid79")  # past its timeout, still no boot
+    _r, art = rl.run(config=cfg)
+    d = _decisions(art)[n]
+    assert (d["action"], d["rule"], d["hook"]) == ("reboot", "ladder", None), d
+    assert "after reboot unproven" in d["reason"], d
+    assert lab.wait_for(n, "idle", timeout=60)[0] == "idle"
+    assert _reboots(rl, n) == 1 and rl.hook_calls() == []
+

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -68,10 +69,29 @@ def test_history_record_and_outcome(lab):
         assert ok and res["changed"] and extra(lab, n) == pending
         ok, res = step({"node": n, "op": "record", "history": pending})
         assert ok and not res["changed"]
+        # a check of a reset nothing shows ran says nothing about the reset: recorded unproven, incident open
+        ok, res = step({"node": n, "op": "outcome", "outcome": "ok", "cooldown": 60})
+        assert ok and res["changed"]
+        stored = json.loads(extra(lab, n))
+        assert stored["i"]["s"] == [["g", 1796232119, "u"]] and "cd" not in stored, stored
+        ok, res = step({"node": n, "op": "record", "history": pending})
+        ok, res = step({"node": n, "op": "ran"})  # the proof the reset leaves right after it returned
+        assert ok and res["changed"]
+        ran = json.loads(extra(lab, n))["i"]["s"][0]
+        assert ran[:3] == ["g", 1796232119, None] and abs(ran[3] - time.time()) < 120, ran
+        ok, res = step({"node": n, "op": "ran"})
+        assert ok and not res["changed"]  # the first proof stays
         ok, res = step({"node": n, "op": "outcome", "outcome": "ok", "cooldown": 60})
         assert ok and res["changed"]
         stored = json.loads(extra(lab, n))
         assert "i" not in stored and stored["p"] == "gm1796232014" and "cd" in stored
+        # a reboot of this node after the intent is its proof (Slurm's boot time); a reboot not seen is unproven
+        for started, want in ((1, "f"), (2 ** 31 - 1, "u")):
+            text = json.dumps({"gf": 1, "i": {"c": "gm", "g": 3, "id": 1, "k": "xid48", "s": [["b", started, None]],
+                                              "t": 1}, "n": 1})
+            assert step({"node": n, "op": "record", "history": text})[0]
+            ok, res = step({"node": n, "op": "outcome", "outcome": "failed"})
+            assert ok and json.loads(extra(lab, n))["i"]["s"][0][2] == want, (started, extra(lab, n))
     finally:
         lab.run("scontrol", "update", f"NodeName={n}", "Extra=")
 

@@ -163,7 +163,8 @@ class _TextChecked:
         records = [{"name": n.name, "partition": n.partitions[0], "domains": dict(n.domains),
                     "state": "+".join([n.state.upper()] + sorted(n.flags)), "reason": n.reason,
                     "reason_user": n.reason_user, "reason_time": n.reason_time, "report": n.report,
-                    "report_time": n.report_time, "history": h} for n, h in zip(nodes, histories_before)]
+                    "report_time": n.report_time, "history": h, "boot_time": n.boot_time}
+                   for n, h in zip(nodes, histories_before)]
         counts = {"total": fleet.total,
                   "partitions": {p: {"total": c.total, "available": c.available, "unavailable": c.unavailable,
                                      "spares_idle": len(c.spares)} for p, c in fleet.partitions.items()},

@@ -48,15 +48,16 @@ def fleet(total=8, unavailable=1, spares=("spare1",), racks=None, partition="gpu
 
 def hist(cls="gpu_memory", code="xid48", t0=NOW - H, steps=(), repairs=None, past=(), cooldown=None, escalated=None,
          spare=None, seq=None, gpu=3, open_incident=True):
-    """A stored history. ``steps``: (action, started, outcome or None)."""
+    """A stored history. ``steps``: (action, started, outcome or None[, ran: when it was proven to have run])."""
     h = History()
     if open_incident:
         h.seq = seq or (len(past) + 1)
         h.incident = Incident(id=h.seq, failure_class=cls, code=code, gpu=gpu, first_seen=int(t0),
-                              steps=[Step(a, int(t), o) for a, t, o in steps], escalated=escalated, spare=spare)
+                              steps=[Step(st[0], int(st[1]), st[2], st[3] if len(st) > 3 else None)
+                                     for st in steps], escalated=escalated, spare=spare)
     else:
         h.seq = seq or len(past)
-    h.repairs = [(int(t), a) for a, t, _o in steps] if repairs is None else [(int(t), a) for t, a in repairs]
+    h.repairs = [(int(st[1]), st[0]) for st in steps] if repairs is None else [(int(t), a) for t, a in repairs]
     h.past = [(int(t), c) for t, c in past]
     h.cooldown_until = cooldown
     return dumps(h)

@@ -26,7 +26,8 @@ HISTORY_BUDGET = 512
 
 def worst_case_history() -> str:
     """Everything the policy can accumulate before it escalates or retires the node."""
-    steps = [("reset_gpu", NOW - 5000, "failed"), ("reboot", NOW - 3000, "timeout"), ("replace", NOW - 100, None)]
+    steps = [("reset_gpu", NOW - 5000, "failed", NOW - 4990), ("reboot", NOW - 3000, "timeout", NOW - 2900),
+             ("replace", NOW - 100, None)]
     return hist(
         cls="gpu_memory", code="row_remap_failure", steps=steps, spare="gpu-spare-rack12-07",
         repairs=[(NOW - k * H, "reboot") for k in range(8)],
@@ -257,7 +258,7 @@ def _reference_dumps(h: History) -> str:
     if inc is not None:
         i = {"id": inc.id, "c": CLASS_CODE[inc.failure_class], "k": inc.code[:MAX_CODE], "t": inc.first_seen,
              "s": [[ACTION_CODE[s.action], s.started, OUTCOME_CODES.get(s.outcome) if s.outcome else None]
-                   for s in inc.steps]}
+                   + ([] if s.ran is None else [s.ran]) for s in inc.steps]}
         if inc.gpu is not None:
             i["g"] = inc.gpu
         if inc.escalated is not None:
@@ -287,7 +288,8 @@ def test_dumps_is_the_sorted_json_form_for_any_history():
     )
 
     t = st.integers(min_value=0, max_value=4_000_000_000)
-    step = st.builds(Step, st.sampled_from(REPAIR_STEPS), t, st.sampled_from([None, "ok", "failed", "timeout"]))
+    step = st.builds(Step, st.sampled_from(REPAIR_STEPS), t,
+                     st.sampled_from([None, "ok", "failed", "timeout", "unproven"]), st.none() | t)
     incident = st.builds(
         Incident, id=st.integers(0, 10**6), failure_class=st.sampled_from(sorted(CLASS_CODE)),
         code=st.text(max_size=40), gpu=st.none() | st.integers(0, 71), first_seen=t,
@@ -307,3 +309,22 @@ def test_dumps_is_the_sorted_json_form_for_any_history():
         assert dumps(h.copy()) == text
 
     check()
+
+
+def test_a_step_carries_its_proof_that_it_ran():
+    """A reset's own record that it ran: kept by every later change of the step, read back as written, and the
+    first proof wins; an older history (three-element steps) reads as before."""
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import record_outcome, record_ran
+
+    text = hist(steps=[("reset_gpu", NOW - 60, None)])
+    assert loads(text).incident.steps[-1].ran is None
+    ran = record_ran(text, NOW - 50)
+    assert f'["g",{NOW - 60},null,{NOW - 50}]' in ran
+    assert record_ran(ran, NOW) == ran  # the first proof stays
+    done = record_outcome(ran, "failed", NOW, close=False)
+    step = loads(done).incident.steps[-1]
+    assert (step.outcome, step.ran) == ("failed", NOW - 50)
+    assert loads(record_outcome(text, "unproven", NOW, close=False)).incident.steps[-1].outcome == "unproven"
+    assert record_ran(hist(open_incident=False), NOW) == hist(open_incident=False)  # nothing pending: unchanged
+    with pytest.raises(HistoryError, match=r"i\.s: expected \[action, started, outcome\(, ran\)\]"):
+        loads('{"gf":1,"i":{"c":"gm","id":1,"k":"x","s":[["g",1,null,2,3]],"t":1},"n":1}')

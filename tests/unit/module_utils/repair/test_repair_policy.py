@@ -12,6 +12,7 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import
     RepairError,
     loads,
     plan,
+    record_ran,
 )
 
 BASE = {"blast_radius": {"max_unavailable": 4, "min_healthy": "25%"}}
@@ -462,12 +463,25 @@ OWN_ROWS = [
     ("step pending, no fresh report yet", node(report_time=NOW - 120, history=hist(steps=[("reset_gpu", NOW - 60,
                                                                                            None)])),
      "wait", "in_progress"),
-    ("step pending, fresh healthy report verifies it", node(rep=HEALTHY, report_time=NOW - 10,
-                                                            history=hist(steps=[("reset_gpu", NOW - 60, None)])),
+    ("step ran, no fresh report yet", node(report_time=NOW - 120, history=hist(steps=[("reset_gpu", NOW - 60,
+                                                                                       None, NOW - 55)])),
+     "wait", "in_progress"),
+    ("step pending, fresh healthy report verifies it", node(rep=HEALTHY, report_time=NOW - 10, history=hist(
+        steps=[("reset_gpu", NOW - 60, None, NOW - 55)])),
      "resume", "healthy_resume"),
-    ("step pending, fresh unhealthy report fails it", node(report_time=NOW - 10,
-                                                           history=hist(steps=[("reset_gpu", NOW - 60, None)])),
+    ("step pending, fresh unhealthy report fails it", node(report_time=NOW - 10, history=hist(
+        steps=[("reset_gpu", NOW - 60, None, NOW - 55)])),
      "reboot", "ladder"),
+    # issue 27 case 4: the run died after writing the reset's intent; the agent's reports go on
+    ("reset with no record that it ran: a sick report does not fail it", node(report_time=NOW - 10, history=hist(
+        steps=[("reset_gpu", NOW - 60, None)])),
+     "wait", "in_progress"),
+    ("a sick report taken between the intent and the reset does not fail it", node(report_time=NOW - 50, history=hist(
+        steps=[("reset_gpu", NOW - 60, None, NOW - 40)])),
+     "wait", "in_progress"),
+    ("reset with no record that it ran, healthy anyway: resumed, not credited", node(
+        rep=HEALTHY, report_time=NOW - 10, history=hist(steps=[("reset_gpu", NOW - 60, None)])),
+     "resume", "healthy_resume"),
     ("replacement pending: a sick report does not fail it", node(report_time=NOW - 10, history=hist(
         steps=[("reset_gpu", NOW - 9000, F), ("reboot", NOW - 8000, F), ("replace", NOW - 600, None)])),
      "wait", "in_progress"),
@@ -476,12 +490,33 @@ OWN_ROWS = [
     ("reboot intent written but never taken by Slurm: retried", dict(node(
         history=hist(steps=[("reset_gpu", NOW - 900, F), ("reboot", NOW - 60, None)])), boot_time=NOW - 5000),
      "reboot", "ladder"),
-    ("reboot issued (reason says so) is not retried", dict(node(
+    ("reboot issued (reason says so), no boot since: waits, not retried, never replaced", dict(node(
         reason="gpufleet: reboot xid48 (incident 1) : reboot issued", report_time=NOW - 10,
         history=hist(steps=[("reset_gpu", NOW - 900, F), ("reboot", NOW - 60, None)])), boot_time=NOW - 5000),
+     "wait", "in_progress"),
+    ("reboot done (booted since), fresh sick report: the next rung", dict(node(
+        reason="gpufleet: reboot xid48 (incident 1) : reboot complete", report_time=NOW - 10,
+        history=hist(steps=[("reset_gpu", NOW - 900, F), ("reboot", NOW - 60, None)])), boot_time=NOW - 30),
      "replace", "ladder"),
-    ("step pending past its timeout fails it", node(report_time=NOW - 4000,
-                                                    history=hist(steps=[("reset_gpu", NOW - 4000, None)])),
+    # issue 27 case 2: Slurm gave up on a late reboot ("reboot timed out"); no boot since the intent
+    ("reboot timed out in Slurm, no boot since: waits, never replaced", dict(node(
+        state="DOWN", flags=(), reason="gpufleet: reboot xid48 (incident 1) : reboot timed out", report_time=NOW - 10,
+        history=hist(steps=[("reset_gpu", NOW - 900, F), ("reboot", NOW - 600, None)])), boot_time=NOW - 5000),
+     "wait", "in_progress"),
+    ("reboot never proven by its timeout: offered again, not replaced", dict(node(
+        state="DOWN", flags=(), reason="gpufleet: reboot xid48 (incident 1) : reboot timed out", report_time=NOW - 10,
+        history=hist(steps=[("reset_gpu", NOW - 9000, F), ("reboot", NOW - 4000, None)])), boot_time=NOW - 9999),
+     "reboot", "ladder"),
+    # issue 27 case 1: slurmctld restarted, the node's slurmd not registered yet: boot time 0 (unknown)
+    ("boot time unknown: waits, never judged", dict(node(
+        state="DOWN", flags=("NOT_RESPONDING",), report_time=NOW - 10,
+        history=hist(steps=[("reboot", NOW - 60, None)])), boot_time=None),
+     "wait", "in_progress"),
+    ("step past its timeout, never proven: offered again", node(report_time=NOW - 4000,
+                                                               history=hist(steps=[("reset_gpu", NOW - 4000, None)])),
+     "reset_gpu", "ladder"),
+    ("step past its timeout, proven: the next rung", node(report_time=NOW - 4000, history=hist(
+        steps=[("reset_gpu", NOW - 4000, None, NOW - 3990)])),
      "reboot", "ladder"),
 ]
 
@@ -499,12 +534,15 @@ def test_ownership_and_progress(name, n, action, rule):
         assert not d.runnable and d.earliest > NOW
         # the playbook verifies a waiting reset/reboot; a pending reimage/replace is never checked (and failed)
         # while the broken node waits for its replacement
-        pending = loads(n["history"]).incident.steps[-1].action
-        assert d.verify == (pending not in ("reimage", "replace")), (pending, d.verify)
+        # (and only on proof that the step ran: a check of a node whose reset or reboot never ran would fail it)
+        step = loads(n["history"]).incident.steps[-1]
+        proven = step.ran is not None or "REBOOT_ISSUED" in n.get("flags", ()) or (
+            step.action == "reboot" and (n.get("boot_time") or 0) >= step.started)
+        assert d.verify == (step.action not in ("reimage", "replace") and proven), (step, d.verify)
 
 
 def test_verified_step_is_recorded_in_history():
-    d = one(node(rep=HEALTHY, report_time=NOW - 10, history=hist(steps=[("reset_gpu", NOW - 60, None)])))
+    d = one(node(rep=HEALTHY, report_time=NOW - 10, history=hist(steps=[("reset_gpu", NOW - 60, None, NOW - 58)])))
     h = loads(d.history)
     assert h.incident.steps[-1].outcome == "ok"
     assert loads(d.history_after).incident is None
@@ -519,9 +557,24 @@ def test_retracted_reboot_is_not_counted():
 
 
 def test_failed_step_is_recorded_in_history():
-    d = one(node(report_time=NOW - 10, history=hist(steps=[("reset_gpu", NOW - 60, None)])))
+    d = one(node(report_time=NOW - 10, history=hist(steps=[("reset_gpu", NOW - 60, None, NOW - 58)])))
     assert loads(d.history).incident.steps[-1].outcome == "failed"
     assert [s.action for s in loads(d.history_after).incident.steps] == ["reset_gpu", "reboot"]
+
+
+def test_a_step_never_proven_is_recorded_so_and_offered_again_within_the_limits():
+    """Never replaced for a step that did not happen: the same step again, each counted against the incident's
+    attempts and the budget, then a person (escalate), never the next rung."""
+    n = node(report_time=NOW - 10, history=hist(steps=[("reset_gpu", NOW - 4000, None)]))
+    d = one(n, cfg(budget={"attempts": 9}))
+    assert loads(d.history).incident.steps[-1].outcome == "unproven"
+    after = loads(d.history_after).incident
+    assert [(s.action, s.outcome) for s in after.steps] == [("reset_gpu", "unproven"), ("reset_gpu", None)]
+    assert "after reset_gpu unproven" in d.reason
+    steps = [("reset_gpu", NOW - 9000, "unproven"), ("reset_gpu", NOW - 8000, "unproven"), ("reset_gpu", NOW - 7000,
+                                                                                          "unproven")]
+    d = one(node(report_time=NOW - 10, history=hist(steps=steps)), cfg(budget={"attempts": 9}))
+    assert (d.action, d.rule) == ("escalate", "incident_attempts"), d.reason
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -533,8 +586,9 @@ def test_incident_walk_is_reproducible_from_history():
     history = None
     seen = []
     rep = report(code="xid48", action="reset_gpu")
+    boot = NOW - D
     for _unused in range(8):
-        n = node(rep=rep, reason_time=NOW, history=history, report_time=t)
+        n = dict(node(rep=rep, reason_time=NOW, history=history, report_time=t), boot_time=boot)
         p = plan(fleet(unavailable=1), [n], cfg(), t)
         d = p[0]
         again = plan(fleet(unavailable=1), [n], cfg(), t)[0]
@@ -543,8 +597,12 @@ def test_incident_walk_is_reproducible_from_history():
         history = d.history_after if d.runnable else d.history
         if d.action in ("replace", "escalate"):
             break
+        if d.action == "reset_gpu":  # the reset ran: the body records it right after
+            history = record_ran(history, t + 5)
+        if d.action == "reboot":  # the reboot ran: Slurm shows the new boot time
+            boot = t + 60
         if d.action in ("reset_gpu", "reboot"):
-            t += 120  # the step ran; the next report is newer than it and still unhealthy
+            t += 120  # the next report is newer than the step and still unhealthy
         else:
             t = max(t + 1, d.earliest)
     assert seen == ["wait", "reset_gpu", "reboot", "replace"]

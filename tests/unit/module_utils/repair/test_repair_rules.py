@@ -70,10 +70,13 @@ def test_no_report_holds_a_node_in_service_without_a_report():
 
 # --- 2. a step in progress -------------------------------------------------------------------------------------
 def test_in_progress_waits_for_a_newer_report_then_lets_the_next_rules_decide():
-    rec = node(history=hist(steps=[("reset_gpu", NOW - 60, None)]), report_time=NOW - 120)
+    rec = node(history=hist(steps=[("reset_gpu", NOW - 60, None, NOW - 58)]), report_time=NOW - 120)
     d = R.in_progress(case(rec))
     assert (d.action, d.rule, d.verify, d.earliest) == ("wait", "in_progress", True, NOW - 60 + 600)
-    rec = node(history=hist(steps=[("reset_gpu", NOW - 60, None)]), report_time=NOW - 10)
+    rec = node(history=hist(steps=[("reset_gpu", NOW - 60, None)]), report_time=NOW - 120)
+    d = R.in_progress(case(rec))  # no record that the reset ran: nothing to verify yet
+    assert (d.action, d.rule, d.verify, d.earliest) == ("wait", "in_progress", False, NOW - 60 + 600)
+    rec = node(history=hist(steps=[("reset_gpu", NOW - 60, None, NOW - 58)]), report_time=NOW - 10)
     c = case(rec)
     assert R.in_progress(c) is None and c.hist.incident.steps[-1].outcome == "failed"  # a fresh sick report
     assert c.before().incident.pending() is not None  # the history as it came in, kept for the rules after
@@ -82,8 +85,10 @@ def test_in_progress_waits_for_a_newer_report_then_lets_the_next_rules_decide():
 
 
 def test_in_progress_times_out_and_forgets_a_reboot_that_never_happened():
-    c = case(node(history=hist(steps=[("reset_gpu", NOW - 700, None)])))
+    c = case(node(history=hist(steps=[("reset_gpu", NOW - 700, None, NOW - 690)])))
     assert R.in_progress(c) is None and c.hist.incident.steps[-1].outcome == "timeout"
+    c = case(node(history=hist(steps=[("reset_gpu", NOW - 700, None)])))
+    assert R.in_progress(c) is None and c.hist.incident.steps[-1].outcome == "unproven"  # never shown to have run
     rec = node(history=hist(steps=[("reboot", NOW - 60, None)]))
     rec["boot_time"] = NOW - 3 * H
     c = case(rec)
