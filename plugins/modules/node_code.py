@@ -13,6 +13,8 @@ description:
   - The files are the O(entries) and every C(module_utils) file they import, transitively, as the
     C(gpufleet.reliability.node_files) filter derives them on the controller from the code under O(src). A new
     import is shipped with no list to edit.
+  - In diff mode the diff is a manifest (each file's mode, the start of its sha256 and its path) with the changed
+    lines only, not the files' source.
   - All files go in one module run, not one task item per file (a per-file C(ansible.builtin.copy) loop costs one
     module round trip per file and per directory, on every node). Each file that differs is replaced atomically
     (a temporary file in the same directory, then a rename); files that are the same are not touched. Directories
@@ -87,6 +89,11 @@ changed_files:
   returned: always
   type: list
   elements: str
+tree_sha256:
+  description: The sha256 of the whole shipped tree (each path with its content's sha256), in diff mode when
+    something changed.
+  returned: changed and diff mode
+  type: str
 created_directories:
   description: The directories created (or that would be created).
   returned: always
@@ -94,6 +101,7 @@ created_directories:
   elements: str
 """
 
+import hashlib
 import os
 import stat
 
@@ -159,7 +167,8 @@ def main():
         if stat.S_IMODE(st.st_mode) != dir_mode:
             chmod_dirs.append(path)
 
-    write, chmod_files, diff = [], [], []
+    write, chmod_files = [], []
+    before_lines, after_lines = [], []  # the diff: one manifest line per file (mode, sha256, path), not its source
     for rel in sorted(files):
         path = os.path.join(dest, rel)
         try:
@@ -172,15 +181,13 @@ def main():
         if st is not None and stat.S_ISREG(st.st_mode):
             with open(path, "rb") as handle:
                 old = handle.read()
+        before_lines.append(f"{'absent':>4} {'-' * 16}  {rel}" if old is None or st is None else
+                            f"{stat.S_IMODE(st.st_mode):04o} {hashlib.sha256(old).hexdigest()[:16]}  {rel}")
+        after_lines.append(f"{mode:04o} {hashlib.sha256(files[rel]).hexdigest()[:16]}  {rel}")
         if old != files[rel]:
             write.append(rel)
-            diff.append({"before_header": path, "after_header": path,
-                         "before": "" if old is None else old.decode("utf-8", "replace"),
-                         "after": files[rel].decode("utf-8", "replace")})
-        elif stat.S_IMODE(st.st_mode) != mode:
+        elif st is not None and stat.S_IMODE(st.st_mode) != mode:
             chmod_files.append(rel)
-            diff.append({"before_header": path, "after_header": path,
-                         "before": {"mode": oct(stat.S_IMODE(st.st_mode))}, "after": {"mode": oct(mode)}})
 
     changed = bool(created or chmod_dirs or write or chmod_files)
     if changed and not module.check_mode:
@@ -195,9 +202,15 @@ def main():
 
     result = dict(changed=changed, dest=dest, files=sorted(files), changed_files=sorted(write + chmod_files),
                   created_directories=created)
-    if module._diff:
-        result["diff"] = [{"before": {"path": p, "state": "absent"}, "after": {"path": p, "state": "directory"}}
-                          for p in created] + diff
+    if module._diff and changed:
+        tree = hashlib.sha256("".join(f"{r}\0{hashlib.sha256(files[r]).hexdigest()}\n"
+                                      for r in sorted(files)).encode()).hexdigest()
+        head = f"# gpufleet node code under {dest}: {len(files)} files (mode, sha256, path)\n"
+        result["diff"] = {"before_header": dest, "after_header": f"{dest} (tree sha256 {tree[:16]})",
+                          "before": head + "".join(f"{d}/ directory absent\n" for d in created)
+                          + "".join(ln + "\n" for ln in before_lines),
+                          "after": head + "".join(ln + "\n" for ln in after_lines)}
+        result["tree_sha256"] = tree
     module.exit_json(**result)
 
 
