@@ -9,40 +9,39 @@ parser never raises on bad input; lines it does not understand are skipped.
 """
 from __future__ import annotations
 
-import re
 from typing import Dict, Iterable, List, Optional, Tuple, Union
 
-from .model import KernelEvent, normalize_pci
+from .model import KernelEvent, ascii_re, normalize_pci
 
-_XID_RE = re.compile(
+_XID_RE = ascii_re(
     r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-9a-fA-F])?"
     r"(?: GPU-I:(?P<gi>\d+))?(?: GPU-CI:(?P<ci>\d+))?\): (?P<xid>\d{1,6}),?"
     r"(?: pid=(?P<pid>'<unknown>'|<unknown>|\d+),?)?(?: name=(?P<name>[^,]*),)?\s*(?P<msg>.*)")
-_SXID_RE = re.compile(
+_SXID_RE = ascii_re(
     r"nvidia-nvswitch(?P<sw>\d{1,4}): SXid \((?:PCI:)?(?P<pci>[^)]*)\): (?P<sxid>\d{1,6}),?\s*(?P<msg>.*)")
-_FOB_PCI_RE = re.compile(r"NVRM: The NVIDIA GPU (?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.\d)?)")
-_FOB_ONE_RE = re.compile(
+_FOB_PCI_RE = ascii_re(r"NVRM: The NVIDIA GPU (?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.\d)?)")
+_FOB_ONE_RE = ascii_re(
     r"NVRM: GPU (?:at )?(?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.\d)?):? "
     r"(?:GPU )?has fallen off the bus")
 _FOB_TEXT = "fallen off the bus"
-_UUID_RE = re.compile(r"NVRM: GPU at PCI:(?P<pci>[0-9a-fA-F:.]+): (?P<uuid>GPU-[0-9a-fA-F-]{8,})")
-_RATE_RE = re.compile(r"NVRM: Rate limiting .* for GPU at PCI:(?P<pci>[0-9a-fA-F:.]+)")
+_UUID_RE = ascii_re(r"NVRM: GPU at PCI:(?P<pci>[0-9a-fA-F:.]+): (?P<uuid>GPU-[0-9a-fA-F-]{8,})")
+_RATE_RE = ascii_re(r"NVRM: Rate limiting .* for GPU at PCI:(?P<pci>[0-9a-fA-F:.]+)")
 
-_RAW_KMSG_RE = re.compile(r"^(?P<pri>\d{1,4}),(?P<seq>\d{1,20}),(?P<usec>\d{1,20}),[^;]*;")
-_MONO_RE = re.compile(r"\[\s*(?P<mono>\d{1,12}\.\d{1,9})\]")
-_ISO_RE = re.compile(
+_RAW_KMSG_RE = ascii_re(r"^(?P<pri>\d{1,4}),(?P<seq>\d{1,20}),(?P<usec>\d{1,20}),[^;]*;")
+_MONO_RE = ascii_re(r"\[\s*(?P<mono>\d{1,12}\.\d{1,9})\]")
+_ISO_RE = ascii_re(
     r"(?P<y>\d{4})-(?P<mo>\d\d)-(?P<d>\d\d)T(?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:[,.](?P<frac>\d{1,9}))?"
     r"(?P<tz>Z|[+-]\d\d:?\d\d)?")
-_CTIME_RE = re.compile(
+_CTIME_RE = ascii_re(
     r"\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?P<mon>[A-Z][a-z]{2}) +(?P<d>\d{1,2}) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)"
     r" (?P<y>\d{4})\]")
 _MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov",
                                        "Dec"), start=1)}
-_NVL5_SEV_RE = re.compile(r"\b(Fatal|Nonfatal|Non-fatal)\b")
-_RECOVERY_RE = re.compile(r"recovery action changed from (?P<old>0x[0-9a-fA-F]+|\d+)[^)]*\)? ?to "
+_NVL5_SEV_RE = ascii_re(r"\b(Fatal|Nonfatal|Non-fatal)\b")
+_RECOVERY_RE = ascii_re(r"recovery action changed from (?P<old>0x[0-9a-fA-F]+|\d+)[^)]*\)? ?to "
                           r"(?P<new>0x[0-9a-fA-F]+|\d+)")
-_GPC_TPC_RE = re.compile(r"GPC (?P<gpc>\d{1,6}), TPC (?P<tpc>\d{1,6})(?!\d)")  # bounded: int() of 5000 digits raises
-_RST_RE = re.compile(r"RST: (?P<rst>Yes|No), D-RST: (?P<drst>Yes|No)")
+_GPC_TPC_RE = ascii_re(r"GPC (?P<gpc>\d{1,6}), TPC (?P<tpc>\d{1,6})(?!\d)")  # bounded: int() of 5000 digits raises
+_RST_RE = ascii_re(r"RST: (?P<rst>Yes|No), D-RST: (?P<drst>Yes|No)")
 
 Line = Union[str, bytes, KernelEvent]
 

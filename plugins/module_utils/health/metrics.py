@@ -38,14 +38,18 @@ def _esc(v: Any) -> str:
     return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
+#: The largest magnitude a sample may have (2**63: any counter or reading NVML gives fits; beyond is hostile input).
+MAX_SAMPLE = 2 ** 63
+
+
 def _num(v: Any) -> Optional[str]:
     """The sample value as text, or None when ``v`` is not a finite number (hostile or unreadable input)."""
     if isinstance(v, bool):
         return str(int(v))
-    if isinstance(v, int):
-        return str(v)
+    if isinstance(v, int):  # Prometheus samples are float64: a wider integer is refused by promtool and makes
+        return str(v) if abs(v) <= MAX_SAMPLE else None  # node_exporter drop every metric of the file
     if isinstance(v, float):
-        return repr(v) if math.isfinite(v) else None
+        return repr(v) if math.isfinite(v) and abs(v) <= MAX_SAMPLE else None
     return None
 
 

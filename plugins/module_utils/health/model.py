@@ -34,7 +34,14 @@ CLOCK_REASON_BITS = {
     "display_clocks_setting": 0x100,
 }
 
-_PCI_RE = re.compile(
+def ascii_re(pattern: str) -> re.Pattern[str]:
+    """``re.compile(pattern)`` with ``\\d``, ``\\w``, ``\\s`` and ``\\b`` ASCII only. Every pattern that reads text from
+    outside (kernel log, nvidia-smi output) is compiled so: Arabic-Indic and other Unicode digits are not digits
+    there (``int()`` would read "\\u0667\\u0669" as 79, an Xid the catalog knows)."""
+    return re.compile(pattern, re.ASCII)
+
+
+_PCI_RE = ascii_re(
     r"(?:(?P<dom>[0-9a-fA-F]{4,8}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})(?:\.(?P<fn>[0-7]))?")
 
 

@@ -20,12 +20,13 @@ from .model import (
     PROBE_PARTIAL,
     GpuSnapshot,
     Snapshot,
+    ascii_re,
 )
 
 _NA = ("n/a", "[n/a]", "not supported", "[not supported]", "requested functionality has been deprecated",
        "not available", "unknown", "none", "")
 _LOST_MARKERS = ("gpu is lost", "unknown error", "gpu requires reset")
-_NUM_RE = re.compile(r"[-+]?\d+(?:\.\d+)?")
+_NUM_RE = ascii_re(r"[-+]?\d+(?:\.\d+)?")
 
 _REASONS = ("gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown", "sync_boost",
             "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "display_clocks_setting")
@@ -67,8 +68,11 @@ def _int(v: Optional[str]) -> Optional[int]:
     if v2 is None:
         return None
     if v2.lower().startswith("0x"):
+        word = v2.split()[0]
+        if len(word) > 18:  # more than 64 bits: no NVML field is that wide (a hostile or damaged value)
+            return None
         try:
-            return int(v2.split()[0], 16)
+            return int(word, 16)
         except ValueError:
             return None
     n = _num(v2)
@@ -361,11 +365,11 @@ _TEXT_REASON = {"Idle": "gpu_idle", "GPU Idle": "gpu_idle",
 _TEXT_ECC = {"SRAM Correctable": "sram_correctable", "SRAM Uncorrectable Parity": "sram_uncorrectable_parity",
              "SRAM Uncorrectable SEC-DED": "sram_uncorrectable_secded", "SRAM Uncorrectable": "sram_uncorrectable",
              "DRAM Correctable": "dram_correctable", "DRAM Uncorrectable": "dram_uncorrectable"}
-_GPU_HDR_RE = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$")
+_GPU_HDR_RE = ascii_re(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$")
 # greedy key, stripped after the match: a lazy key followed by \s* and $ backtracked quadratically on a long
 # line without a colon (a 32 KiB line took seconds)
-_KV_RE = re.compile(r"^( *)(\S[^:]*)(?::\s?(.*))?$")
-_HANDLE_RE = re.compile(r"Unable to determine the device handle for GPU ?(?P<pci>[0-9A-Fa-f:.]+): (?P<err>.*)")
+_KV_RE = ascii_re(r"^( *)(\S[^:]*)(?::\s?(.*))?$")
+_HANDLE_RE = ascii_re(r"Unable to determine the device handle for GPU ?(?P<pci>[0-9A-Fa-f:.]+): (?P<err>.*)")
 
 
 def _text_gpu(lines: List[str], pci: str) -> Tuple[Dict[str, str], List[Tuple[str, str]]]:

@@ -100,7 +100,7 @@ PREFIX_CLASS: Dict[str, str] = {
     "xid": "gpu",
 }
 
-_XID_RE = re.compile(r"^xid[_-]?(\d+)")
+_XID_RE = re.compile(r"^xid[_-]?(\d+)", re.ASCII)
 _SEVERITY_RANK = {
     "critical": 4,
     "fatal": 4,

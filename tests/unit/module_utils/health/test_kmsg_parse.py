@@ -125,3 +125,17 @@ def test_bursts():
     assert sum(len(b) for b in bursts) == len(evs)
     one = group_bursts(evs, 10 ** 6)
     assert len(one) == 1
+
+
+def test_unicode_digits_are_not_digits():
+    """An attacker's line with Arabic-Indic (or full-width) digits is no Xid, SXid or timestamp: int() would read
+    "\u0667\u0669" as 79 (GPU lost). The same line with ASCII digits is the control."""
+    good = "[ 966.503025] NVRM: Xid (PCI:0000:b3:00): 79, pid=12, name=x, GPU has fallen off the bus"
+    assert [(e.kind, e.xid) for e in parse_kmsg([good])] == [("xid", 79)]
+    for digits in ("\u0667\u0669", "\uff17\uff19", "\u0967\u096f"):
+        forged = good.replace(": 79,", f": {digits},")
+        assert [e for e in parse_kmsg([forged]) if e.kind == "xid"] == [], digits
+    sxid = "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 46 egress non-posted PRIV error"
+    assert [e.kind for e in parse_kmsg([sxid])] == ["sxid"]
+    assert [e for e in parse_kmsg([sxid.replace("12028", "\u0661\u0662\u0660\u0662\u0668")]) if e.kind == "sxid"] \
+        == []

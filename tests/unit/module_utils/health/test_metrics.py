@@ -250,3 +250,27 @@ def test_repair_text():
     assert promtool(quiet).returncode == 0 and values(quiet, "gpufleet_repair_breaker_open") == [0]
     assert "gpufleet_repair_step_failed{" not in quiet
     assert promtool(metrics.repair_text("broken", None, None)).returncode == 0
+
+
+@pytest.mark.parametrize("field,value", [
+    ("<replay_counter>150</replay_counter>", "<replay_counter>0x" + "f" * 360 + "</replay_counter>"),
+    ("<replay_counter>150</replay_counter>", "<replay_counter>" + "9" * 362 + "</replay_counter>"),
+    ("<clocks_event_reasons_counters_sw_power_cap>7015662857 us</clocks_event_reasons_counters_sw_power_cap>",
+     "<clocks_event_reasons_counters_sw_power_cap>0x" + "f" * 360 + " us</clocks_event_reasons_counters_sw_power_cap>"),
+    ("<clocks_event_reasons_counters_sw_power_cap>7015662857 us</clocks_event_reasons_counters_sw_power_cap>",
+     "<clocks_event_reasons_counters_sw_power_cap>" + "9" * 362 + " us</clocks_event_reasons_counters_sw_power_cap>"),
+])
+def test_a_huge_number_from_nvidia_smi_never_breaks_the_report_or_the_textfile(field, value):
+    """A 362-digit counter in nvidia-smi's XML: the field reads as unknown, the report is made and the textfile still
+    passes promtool (else node_exporter drops every gpufleet metric of the node). The real capture is the control."""
+    xml = load("h100-8gpu-580.105.08-healthy.nvidia-smi-q-x.xml")
+    assert field in xml
+    for text in (xml, xml.replace(field, value)):
+        snap = read_nvidia_smi_xml(text)
+        out = render(snap)
+        p = promtool(out)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert judge(snap, "", now=1_800_000_000.0).verdict == "healthy"
+    assert "9" * 30 not in out and "f" * 30 not in out
+    control = render(read_nvidia_smi_xml(xml))
+    assert 150 in values(control, "gpufleet_gpu_pcie_replays_total")  # the real value is kept
