@@ -47,8 +47,8 @@ def storm_lab(slurm_lab, tmp_path_factory):
 
 @pytest.fixture
 def storm(storm_lab, tmp_path):
-    """The lab reset, and the hook: the real agent with --repair-config <dir>/repair.json; per-node stand-ins."""
-    storm_lab.reset()
+    """The hook (the real agent with --repair-config <dir>/repair.json; per-node stand-ins), then the lab reset: in
+    that order, so that a check the previous test's hook runs cannot drain a node after the reset."""
     d = tmp_path / "nodes"
     d.mkdir()
     (d / "healthy.json").write_text("{}")
@@ -63,15 +63,20 @@ fake="$d/$node.fake.json"
 [[ -f "$fake" ]] || fake="$d/healthy.json"
 args+=(--fake-nvml "$fake")
 if [[ -f "$d/$node.kmsg" ]]; then args+=(--kmsg "$d/$node.kmsg"); else args+=(--kmsg -); fi
-{shlex.quote(str(AGENT))} "${{args[@]}}" >"$d/$node.last.json" 2>"$d/$node.last.err"
+{shlex.quote(str(AGENT))} "${{args[@]}}" >"$d/$node.last.json.tmp" 2>"$d/$node.last.err.tmp"
 rc=$?
+# the test reads these while checks run: each appears whole (a rename), never empty or half-written
+mv -f "$d/$node.last.err.tmp" "$d/$node.last.err"; mv -f "$d/$node.last.json.tmp" "$d/$node.last.json"
 tr -d '\\n' <"$d/$node.last.json" >>"$d/$node.history.jsonl"; echo >>"$d/$node.history.jsonl"
 cat "$d/$node.last.err" >>"$d/$node.err.log"
 echo "$(date +%s.%N) rc=$rc" >>"$d/$node.runs"
 exit 0
 """
-    storm_lab.hook.write_text(script)
-    storm_lab.hook.chmod(0o755)
+    tmp = storm_lab.hook.with_name(storm_lab.hook.name + ".new")
+    tmp.write_text(script)
+    tmp.chmod(0o755)
+    tmp.replace(storm_lab.hook)  # slurmd never runs a half-written hook
+    storm_lab.reset()
     yield storm_lab, d
     storm_lab.hook.unlink(missing_ok=True)
 
