@@ -57,6 +57,25 @@ options:
     description:
       - JSON file with the persisted circuit-breaker state. Missing means not tripped.
     type: path
+  lock_file:
+    description:
+      - One repair run at a time - the run lock, in the controller's state directory. The plan is made only when
+        this run holds it; it is held for the life of the run's C(ansible-playbook) process (a run that ends or is
+        killed frees it) and names its holder (PID, host, since when). A second run fails at once, changing
+        nothing, with a message that names the holder, unless the holder ends within O(lock_wait).
+      - Not taken in check mode (a check run changes nothing). Unset - no lock.
+    type: path
+  lock_wait:
+    description:
+      - Seconds to wait for a run that holds O(lock_file) to end (the event loop queues behind a scheduled run).
+    type: float
+    default: 0
+  lock_lease:
+    description:
+      - Seconds a lock taken on another host (a state directory shared by controllers) counts, since its holder
+        cannot be checked from here.
+    type: float
+    default: 14400
   breaker_reset:
     description:
       - Reset a tripped breaker (a person decided the cause is gone). Failures first seen before now no longer count.
@@ -165,6 +184,11 @@ breaker:
   description: Circuit breaker state to persist (same as RV(plan.breaker)).
   returned: always
   type: dict
+lock:
+  description: The run lock this run holds (PID, start time, host, since), or null without O(lock_file) or in
+    check mode.
+  returned: always
+  type: dict
 breaker_changed:
   description: Whether the breaker state differs from O(breaker_state_file).
   returned: always
@@ -196,6 +220,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import BreakerState, RepairError, plan
+from ansible_collections.gpufleet.reliability.plugins.module_utils.runlock import RunLockBusy, acquire
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import SlurmError
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm.repair_inputs import repair_inputs
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm_module import (
@@ -280,6 +305,9 @@ def main() -> None:
         reports_dir=dict(type="path"),
         breaker_state_file=dict(type="path"),
         breaker_reset=dict(type="bool", default=False),
+        lock_file=dict(type="path"),
+        lock_wait=dict(type="float", default=0),
+        lock_lease=dict(type="float", default=14400),
         history_field=dict(type="str", choices=["extra", "comment"], default="extra"),
         spare_reason=dict(type="str", default="gpufleet: spare"),
         partitions=dict(type="list", elements="str", default=[]),
@@ -292,6 +320,17 @@ def main() -> None:
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     p = module.params
     now = p["now"] if p["now"] is not None else time.time()
+    if p["lock_wait"] < 0 or p["lock_lease"] <= 0:
+        module.fail_json(msg=f"lock_wait: expected seconds >= 0, lock_lease: seconds > 0; got {p['lock_wait']}, "
+                             f"{p['lock_lease']}")
+    lock = None
+    if p["lock_file"] and not module.check_mode:
+        try:
+            lock = acquire(p["lock_file"], p["lock_wait"], p["lock_lease"])
+        except RunLockBusy as exc:
+            module.fail_json(msg=str(exc), lock_holder=exc.holder)
+        except OSError as exc:
+            module.fail_json(msg=f"lock_file: cannot take the run lock {p['lock_file']}: {exc}")
 
     client = client_from_module(module)
     try:
@@ -343,6 +382,7 @@ def main() -> None:
         pending_approval=pending,
         breaker=new_breaker,
         breaker_changed=(stored or BreakerState().to_dict()) != new_breaker,
+        lock=lock,
         fleet=inputs.counts,
         spares=inputs.spares,
         now=now,

@@ -388,3 +388,41 @@ def test_a_reboot_slurm_timed_out_is_never_replaced(repair_lab):
     assert lab.wait_for(n, "idle", timeout=60)[0] == "idle"
     assert _reboots(rl, n) == 1 and rl.hook_calls() == []
 
+
+def test_one_writer_a_second_run_is_refused_or_queues_behind_the_first(repair_lab, tmp_path):
+    """Case 5: the event loop and a schedule both start a run. While the first holds the run lock (here stopped
+    inside its GPU reset), a second fails at once, names the holder and changes nothing; one with a lock wait
+    queues and then finds nothing left to do. One reset in all."""
+    rl = repair_lab
+    lab = rl.lab
+    n = lab.nodes[1]
+    rl.inject(n, "xid48", "reset_gpu")
+    rl.drained_by_agent(n)
+    go = tmp_path / "go"
+    slow = tmp_path / "nvidia-smi-slow"
+    inside = tmp_path / "inside"
+    slow.write_text(f'#!/usr/bin/env bash\ntouch {inside}\nwhile [ ! -e {go} ]; do sleep 0.1; done\n'
+                    f'exec {rl.bin}/nvidia-smi-{n} "$@"\n')
+    slow.chmod(0o755)
+    first = rl.start_async(node_repair_nvidia_smi=str(slow))
+    queued = None
+    try:
+        wait_until(lambda: inside.exists() or first.poll() is not None, timeout=180, what="the first run's reset")
+        assert first.poll() is None and _resets(rl, n) == 0 and (rl.state / "repair.lock").exists()
+        before = rl.extra(n)
+        r, _art = rl.run(ok=False)
+        assert "another repair run holds" in r.output and f"pid {first.pid} on" in r.output, r.output[-3000:]
+        assert rl.extra(n) == before and _resets(rl, n) == 0
+        queued = rl.start_async(node_repair_lock_wait=300)
+        time.sleep(3)
+        assert queued.poll() is None  # waiting for the lock
+        go.touch()
+        assert first.wait(timeout=300) == 0
+        assert queued.wait(timeout=300) == 0
+    finally:
+        rl.kill(first)
+        if queued is not None:
+            rl.kill(queued)
+    assert lab.wait_for(n, "idle", timeout=30)[0] == "idle"
+    assert _resets(rl, n) == 1 and _reboots(rl, n) == 0
+    assert not (rl.state / "repair.lock").exists()  # freed by the run that ended last
