@@ -14,7 +14,7 @@ description:
     proof a GPU reset leaves right after it returned). O(op=outcome) records the verification result of the
     pending step (O(outcome)) into the stored history (an C(ok) closes the incident and starts the cooldown) -
     only when the step is proven to have run (its own record, or for a reboot a boot of the node after the
-    step's intent); otherwise it records C(unproven): the step did not happen as far as anyone can show, and the
+    step's intent); otherwise it records C(unproven) - the step did not happen as far as anyone can show, and the
     next plan offers it again instead of the next, more drastic step.
   - O(op=drain) drains with O(reason) (which must start with O(reason_prefix)). O(op=reboot) runs
     C(scontrol reboot ASAP nextstate=DOWN reason=...), so the node comes back DOWN and is only resumed after it

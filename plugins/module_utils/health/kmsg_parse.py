@@ -39,7 +39,7 @@ _MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun",
                                        "Dec"), start=1)}
 _NVL5_SEV_RE = ascii_re(r"\b(Fatal|Nonfatal|Non-fatal)\b")
 _RECOVERY_RE = ascii_re(r"recovery action changed from (?P<old>0x[0-9a-fA-F]+|\d+)[^)]*\)? ?to "
-                          r"(?P<new>0x[0-9a-fA-F]+|\d+)")
+                        r"(?P<new>0x[0-9a-fA-F]+|\d+)")
 _GPC_TPC_RE = ascii_re(r"GPC (?P<gpc>\d{1,6}), TPC (?P<tpc>\d{1,6})(?!\d)")  # bounded: int() of 5000 digits raises
 _RST_RE = ascii_re(r"RST: (?P<rst>Yes|No), D-RST: (?P<drst>Yes|No)")
 

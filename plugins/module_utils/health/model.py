@@ -34,6 +34,7 @@ CLOCK_REASON_BITS = {
     "display_clocks_setting": 0x100,
 }
 
+
 def ascii_re(pattern: str) -> re.Pattern[str]:
     """``re.compile(pattern)`` with ``\\d``, ``\\w``, ``\\s`` and ``\\b`` ASCII only. Every pattern that reads text from
     outside (kernel log, nvidia-smi output) is compiled so: Arabic-Indic and other Unicode digits are not digits
