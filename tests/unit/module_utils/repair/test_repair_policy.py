@@ -512,8 +512,8 @@ OWN_ROWS = [
         state="DOWN", flags=("NOT_RESPONDING",), report_time=NOW - 10,
         history=hist(steps=[("reboot", NOW - 60, None)])), boot_time=None),
      "wait", "in_progress"),
-    ("step past its timeout, never proven: offered again", node(report_time=NOW - 4000,
-                                                               history=hist(steps=[("reset_gpu", NOW - 4000, None)])),
+    ("step past its timeout, never proven: offered again", node(
+        report_time=NOW - 4000, history=hist(steps=[("reset_gpu", NOW - 4000, None)])),
      "reset_gpu", "ladder"),
     ("step past its timeout, proven: the next rung", node(report_time=NOW - 4000, history=hist(
         steps=[("reset_gpu", NOW - 4000, None, NOW - 3990)])),
@@ -571,8 +571,8 @@ def test_a_step_never_proven_is_recorded_so_and_offered_again_within_the_limits(
     after = loads(d.history_after).incident
     assert [(s.action, s.outcome) for s in after.steps] == [("reset_gpu", "unproven"), ("reset_gpu", None)]
     assert "after reset_gpu unproven" in d.reason
-    steps = [("reset_gpu", NOW - 9000, "unproven"), ("reset_gpu", NOW - 8000, "unproven"), ("reset_gpu", NOW - 7000,
-                                                                                          "unproven")]
+    steps = [("reset_gpu", NOW - 9000, "unproven"), ("reset_gpu", NOW - 8000, "unproven"),
+             ("reset_gpu", NOW - 7000, "unproven")]
     d = one(node(report_time=NOW - 10, history=hist(steps=steps)), cfg(budget={"attempts": 9}))
     assert (d.action, d.rule) == ("escalate", "incident_attempts"), d.reason
 
