@@ -93,8 +93,12 @@ def test_fault_drains_that_node_within_interval(lab, hook):
                                                                                           "after_calls": 5}}]}))
     state, reason = lab.wait_for(node, lambda sr: sr[0] in ("drained", "draining"), timeout=interval + CHECK_RUN_S)
     assert reason.startswith("gpufleet:") and reason == "gpufleet: gpu_lost gpu3", reason
-    last = json.loads((hook / f"{node}.last.json").read_text())
-    assert last["verdict"] == "unhealthy" and last["slurm"]["action"] in ("drained", "already_drained")
+    # the check drains before it prints its report: wait for the report of the check that drained
+    deadline = time.monotonic() + CHECK_RUN_S
+    while (last := json.loads((hook / f"{node}.last.json").read_text()))["verdict"] != "unhealthy":
+        assert time.monotonic() < deadline, last
+        time.sleep(0.2)
+    assert last["slurm"]["action"] in ("drained", "already_drained"), last
     assert lab.node_states()[other][0] == "idle"
 
 

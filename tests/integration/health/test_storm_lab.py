@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -47,8 +48,9 @@ def storm_lab(slurm_lab, tmp_path_factory):
 
 @pytest.fixture
 def storm(storm_lab, tmp_path):
-    """The hook (the real agent with --repair-config <dir>/repair.json; per-node stand-ins), then the lab reset: in
-    that order, so that a check the previous test's hook runs cannot drain a node after the reset."""
+    """The lab reset (which removes the hook), then the hook: the real agent with --repair-config
+    <dir>/repair.json; per-node stand-ins."""
+    storm_lab.reset()
     d = tmp_path / "nodes"
     d.mkdir()
     (d / "healthy.json").write_text("{}")
@@ -76,9 +78,14 @@ exit 0
     tmp.write_text(script)
     tmp.chmod(0o755)
     tmp.replace(storm_lab.hook)  # slurmd never runs a half-written hook
-    storm_lab.reset()
     yield storm_lab, d
     storm_lab.hook.unlink(missing_ok=True)
+    # a check slurmd started before the unlink still runs this test's hook: let it end before the next test's reset,
+    # or it drains a node there with this test's fault
+    deadline = time.monotonic() + 120
+    while subprocess.run(["pgrep", "-f", str(storm_lab.hook)], capture_output=True, check=False).returncode == 0:
+        assert time.monotonic() < deadline, f"health checks still running {storm_lab.hook} after 120 s"
+        time.sleep(0.2)
 
 
 def runs(d: Path, node: str) -> int:
