@@ -127,8 +127,6 @@ def _read(path: str) -> Optional[Dict]:
     try:
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # none, or unreadable
         return None
     return data if isinstance(data, dict) else None

@@ -168,6 +168,7 @@ def main():
             chmod_dirs.append(path)
 
     write, chmod_files = [], []
+    digest = {rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()} if module._diff else {}
     before_lines, after_lines = [], []  # the diff: one manifest line per file (mode, sha256, path), not its source
     for rel in sorted(files):
         path = os.path.join(dest, rel)
@@ -181,9 +182,10 @@ def main():
         if st is not None and stat.S_ISREG(st.st_mode):
             with open(path, "rb") as handle:
                 old = handle.read()
-        before_lines.append(f"{'absent':>4} {'-' * 16}  {rel}" if old is None or st is None else
-                            f"{stat.S_IMODE(st.st_mode):04o} {hashlib.sha256(old).hexdigest()[:16]}  {rel}")
-        after_lines.append(f"{mode:04o} {hashlib.sha256(files[rel]).hexdigest()[:16]}  {rel}")
+        if digest:
+            before_lines.append(f"absent {'-' * 16}  {rel}" if old is None or st is None else
+                                f"{stat.S_IMODE(st.st_mode):04o} {hashlib.sha256(old).hexdigest()[:16]}  {rel}")
+            after_lines.append(f"{mode:04o} {digest[rel][:16]}  {rel}")
         if old != files[rel]:
             write.append(rel)
         elif st is not None and stat.S_IMODE(st.st_mode) != mode:
@@ -203,8 +205,7 @@ def main():
     result = dict(changed=changed, dest=dest, files=sorted(files), changed_files=sorted(write + chmod_files),
                   created_directories=created)
     if module._diff and changed:
-        tree = hashlib.sha256("".join(f"{r}\0{hashlib.sha256(files[r]).hexdigest()}\n"
-                                      for r in sorted(files)).encode()).hexdigest()
+        tree = hashlib.sha256("".join(f"{r}\0{digest[r]}\n" for r in sorted(files)).encode()).hexdigest()
         head = f"# gpufleet node code under {dest}: {len(files)} files (mode, sha256, path)\n"
         result["diff"] = {"before_header": dest, "after_header": f"{dest} (tree sha256 {tree[:16]})",
                           "before": head + "".join(f"{d}/ directory absent\n" for d in created)

@@ -28,7 +28,6 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import
     BreakerState,
     Counts,
     FleetSummary,
-    History,
     NodeState,
     loads,
 )
@@ -1004,7 +1003,7 @@ class Sim:
                 # own record (repair_step op=ran), a reboot's new boot time in Slurm; the check's report is newer
                 proved = to_epoch(rec.attempts[-1][3])
                 if a == "reset_gpu":
-                    h = sl.history.copy() if isinstance(sl.history, History) else loads(sl.history)
+                    h = loads(sl.history).copy()  # the record's History (or none yet), never changed in place
                     h.ran(proved)
                     sl.history = h
                 elif a == "reboot":

@@ -95,8 +95,11 @@ class RepairLab:
         text = self.extra(node)
         return json.loads(text) if text and text != "(null)" else {}
 
-    def resets(self):
-        return [ln for ln in (self.dir / "log" / "fake-nvidia-smi.log").read_text().splitlines() if " -r" in ln]
+    def resets(self, node=None):
+        """The GPU resets the fake nvidia-smi was asked for (of ``node``), as its log lines (none before any)."""
+        log = self.dir / "log" / "fake-nvidia-smi.log"
+        lines = log.read_text().splitlines() if log.exists() else []
+        return [ln for ln in lines if " -r" in ln and (node is None or f" {node} " in ln)]
 
     def reboots(self):
         return [ln for ln in (self.dir / "log" / "reboot-calls.log").read_text().splitlines() if "node=" in ln]

@@ -131,6 +131,12 @@ class History:
         inc.steps[-1] = Step(step.action, step.started, outcome, step.ran)
         return True
 
+    def settle(self, outcome: str, now: float, cooldown_s: float, close: Optional[bool] = None) -> None:
+        """Set the pending step's ``outcome``; an ``ok`` (or ``close``) closes the incident and starts the cooldown."""
+        self.finish(outcome)
+        if close if close is not None else outcome == "ok":
+            self.close(now, cooldown_s)
+
     def ran(self, now: float) -> bool:
         """Record that the pending step ran (proof, written right after it did). Returns False when no step was
         pending; a step already proven keeps its first proof."""
@@ -385,9 +391,7 @@ def record_outcome(
     unless ``close`` is False; the cooldown starts then.
     """
     h = loads(text)
-    h.finish(outcome)
-    if close if close is not None else outcome == "ok":
-        h.close(now, cooldown_s)
+    h.settle(outcome, now, cooldown_s, close)
     return dumps(h)
 
 

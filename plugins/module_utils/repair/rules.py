@@ -236,9 +236,7 @@ def record_verification(text: Any, outcome: str, n: Any, now: float, cooldown_s:
             outcome = "unproven"
         else:
             h.ran(proved)
-    h.finish(outcome)
-    if outcome == "ok":
-        h.close(now, cooldown_s)
+    h.settle(outcome, now, cooldown_s)
     return h
 
 

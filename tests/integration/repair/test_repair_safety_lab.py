@@ -326,9 +326,15 @@ def _pending(rl, node, code, started, cls="gm", fault="xid48"):
                                   separators=(",", ":")))
 
 
-def _resets(rl, node):
-    log = rl.dir / "log" / "fake-nvidia-smi.log"
-    return len([ln for ln in log.read_text().splitlines() if " -r" in ln and node in ln]) if log.exists() else 0
+def _intent_only(rl, node, code, fault, cleared_by, cls, timeout):
+    """A sick node drained by the agent whose history holds only ``code``'s intent, written 5 s ago; the config
+    of its runs (``timeout`` for the step, one node under repair at a time). Returns (started, config)."""
+    rl.inject(node, fault, cleared_by)
+    rl.drained_by_agent(node)
+    started = int(time.time()) - 5
+    _pending(rl, node, code, started, cls=cls, fault=fault)
+    action = {"g": "reset_gpu", "b": "reboot"}[code]
+    return started, {"step_timeout": {action: timeout}, "blast_radius": {"max_unavailable": 1, "min_healthy": 0}}
 
 
 def test_a_reset_that_never_ran_is_never_failed_and_is_offered_again(repair_lab):
@@ -337,18 +343,14 @@ def test_a_reset_that_never_ran_is_never_failed_and_is_offered_again(repair_lab)
     rl = repair_lab
     lab = rl.lab
     n = lab.nodes[1]
-    cfg = {"step_timeout": {"reset_gpu": "120s"}, "blast_radius": {"max_unavailable": 1, "min_healthy": 0}}
-    rl.inject(n, "xid48", "reset_gpu")
-    rl.drained_by_agent(n)
-    started = int(time.time()) - 5
-    _pending(rl, n, "g", started)
+    started, cfg = _intent_only(rl, n, "g", "xid48", "reset_gpu", "gm", "120s")
     report = rl.dir / "reports" / f"{n}.json"
     wait_until(lambda: report.exists() and report.stat().st_mtime > started + 1, timeout=60, what="fresh report")
     _r, art = rl.run(config=cfg)
     d = _decisions(art)[n]
     assert (d["action"], d["rule"], d["verify"]) == ("wait", "in_progress", False), d
     assert "no record that it ran" in d["reason"], d
-    assert (_resets(rl, n), _reboots(rl, n)) == (0, 0)
+    assert (len(rl.resets(n)), _reboots(rl, n)) == (0, 0)
     assert rl.history(n)["i"]["s"] == [["g", started, None]]  # still pending: nothing judged it
 
     _pending(rl, n, "g", started - 200)  # the same intent, now past its timeout
@@ -357,7 +359,7 @@ def test_a_reset_that_never_ran_is_never_failed_and_is_offered_again(repair_lab)
     assert (d["action"], d["rule"]) == ("reset_gpu", "ladder"), d  # the same step again, not a reboot
     assert "after reset_gpu unproven" in d["reason"], d
     assert lab.wait_for(n, "idle", timeout=30)[0] == "idle"
-    assert (_resets(rl, n), _reboots(rl, n)) == (1, 0)
+    assert (len(rl.resets(n)), _reboots(rl, n)) == (1, 0)
     assert "i" not in rl.history(n), rl.history(n)
 
 
@@ -367,11 +369,7 @@ def test_a_reboot_slurm_timed_out_is_never_replaced(repair_lab):
     rl = repair_lab
     lab = rl.lab
     n = lab.nodes[2]
-    cfg = {"step_timeout": {"reboot": "300s"}, "blast_radius": {"max_unavailable": 1, "min_healthy": 0}}
-    rl.inject(n, "xid79", "reboot")
-    rl.drained_by_agent(n)
-    started = int(time.time()) - 5
-    _pending(rl, n, "b", started, cls="gl", fault="xid79")
+    started, cfg = _intent_only(rl, n, "b", "xid79", "reboot", "gl", "300s")
     # what Slurm shows after ResumeTimeout on a reboot that never happened: DOWN, our reason with its own note
     lab.run("scontrol", "update", f"NodeName={n}", "State=DOWN",
             "Reason=gpufleet: reboot xid79 (incident 1) : reboot timed out")
@@ -409,11 +407,11 @@ def test_one_writer_a_second_run_is_refused_or_queues_behind_the_first(repair_la
     queued = None
     try:
         wait_until(lambda: inside.exists() or first.poll() is not None, timeout=180, what="the first run's reset")
-        assert first.poll() is None and _resets(rl, n) == 0 and (rl.state / "repair.lock").exists()
+        assert first.poll() is None and len(rl.resets(n)) == 0 and (rl.state / "repair.lock").exists()
         before = rl.extra(n)
         r, _art = rl.run(ok=False)
         assert "another repair run holds" in r.output and f"pid {first.pid} on" in r.output, r.output[-3000:]
-        assert rl.extra(n) == before and _resets(rl, n) == 0
+        assert rl.extra(n) == before and len(rl.resets(n)) == 0
         queued = rl.start_async(node_repair_lock_wait=300)
         time.sleep(3)
         assert queued.poll() is None  # waiting for the lock
@@ -425,5 +423,5 @@ def test_one_writer_a_second_run_is_refused_or_queues_behind_the_first(repair_la
         if queued is not None:
             rl.kill(queued)
     assert lab.wait_for(n, "idle", timeout=30)[0] == "idle"
-    assert _resets(rl, n) == 1 and _reboots(rl, n) == 0
+    assert len(rl.resets(n)) == 1 and _reboots(rl, n) == 0
     assert not (rl.state / "repair.lock").exists()  # freed by the run that ended last
