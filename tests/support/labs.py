@@ -306,13 +306,25 @@ class SlurmLab:
         path.write_text(text)
         return path
 
+    def stop_hooks(self, timeout: float = 120):
+        """Remove the health-check and epilog hooks and wait until no check slurmd started before still runs one:
+        such a check would write its report, or drain a node, in the next test. A hook must keep its own path in
+        its command line while it runs (a shell script that runs its work as a child, not by ``exec``)."""
+        hooks = (self.hook, self.dir / "etc" / "epilog.hook")
+        for hook in hooks:
+            hook.unlink(missing_ok=True)
+        deadline = time.monotonic() + timeout
+        for hook in hooks:
+            while subprocess.run(["pgrep", "-f", str(hook)], capture_output=True, check=False).returncode == 0:
+                if time.monotonic() >= deadline:
+                    raise LabError(f"checks still running {hook} after {timeout}s")
+                time.sleep(0.2)
+
     def reset(self, timeout: float = 60):
         """Back to a clean lab: no flags, no hook, no jobs, every node idle and resumed."""
         for p in (self.dir / "flags").glob("*"):
             p.unlink()
-        for hook in (self.hook, self.dir / "etc" / "epilog.hook"):
-            if hook.exists() or hook.is_symlink():
-                hook.unlink()
+        self.stop_hooks()
         jobs = self.jobs()
         if jobs:
             self.run("scancel", *jobs, check=False)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -79,13 +78,7 @@ exit 0
     tmp.chmod(0o755)
     tmp.replace(storm_lab.hook)  # slurmd never runs a half-written hook
     yield storm_lab, d
-    storm_lab.hook.unlink(missing_ok=True)
-    # a check slurmd started before the unlink still runs this test's hook: let it end before the next test's reset,
-    # or it drains a node there with this test's fault
-    deadline = time.monotonic() + 120
-    while subprocess.run(["pgrep", "-f", str(storm_lab.hook)], capture_output=True, check=False).returncode == 0:
-        assert time.monotonic() < deadline, f"health checks still running {storm_lab.hook} after 120 s"
-        time.sleep(0.2)
+    storm_lab.stop_hooks()  # a check started before still runs this test's hook: it ends before the next test
 
 
 def runs(d: Path, node: str) -> int:

@@ -72,8 +72,9 @@ def loop(lab, tmp_path, daemons, monkeypatch):
     rl.textfiles = textfiles
     rl.eda_port = eda_port
     rl.rulebook = None
-    # the agent with --textfile as the lab's health hook (after the daemons, so the first drain is seen)
-    lab.hook.write_text(f'#!/usr/bin/env bash\nexec {sys.executable} {HOOK} {lab.dir} {textfiles}\n')
+    # the agent with --textfile as the lab's health hook (after the daemons, so the first drain is seen); no exec:
+    # the hook's path stays in the command line while it runs (lab.stop_hooks)
+    lab.hook.write_text(f'#!/usr/bin/env bash\n{sys.executable} {HOOK} {lab.dir} {textfiles}\n')
     lab.hook.chmod(0o755)
     try:
         yield rl
