@@ -122,6 +122,20 @@ def acquire(path: str, wait_s: float = 0.0, lease_s: float = 4 * 3600.0, me: Opt
         sleep(min(1.0, max(0.05, deadline - now)))
 
 
+def release(path: str, me: Optional[Tuple[int, int]] = None) -> bool:
+    """Free the lock at ``path`` when this run (``me``, as for :func:`acquire`) holds it; a lock another run took
+    is left alone. Returns whether it was ours and is now free."""
+    pid, start = me if me is not None else run_process()
+    host = socket.gethostname()
+    with open(path + ".guard", "a", encoding="utf-8") as guard:
+        fcntl.flock(guard.fileno(), fcntl.LOCK_EX)
+        holder = _read(path)
+        if holder is None or (holder.get("pid"), holder.get("start"), holder.get("host")) != (pid, start, host):
+            return False
+        os.unlink(path)
+        return True
+
+
 def _read(path: str) -> Optional[Dict]:
     """The lock's record, or None when there is none; a damaged record is no lock (it is replaced)."""
     try:

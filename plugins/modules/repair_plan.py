@@ -13,8 +13,12 @@ description:
     policy for one decision per node that needs attention - V(wait), V(drain), V(reset_gpu), V(reboot),
     V(reimage), V(replace), V(resume), V(escalate) or V(hold) - with a reason, an earliest time, whether it
     needs approval, hot-spare moves and replacement-hook calls.
-  - Changes nothing. The C(gpufleet.reliability.node_repair) role executes the runnable decisions.
-  - The circuit breaker state is read from O(breaker_state_file); the state to persist is returned in RV(breaker).
+  - Changes nothing in Slurm. The C(gpufleet.reliability.node_repair) role executes the runnable decisions.
+  - The circuit breaker state is read from O(breaker_state_file) and saved there when it changes (a trip or a
+    reset). The breaker fails closed - a state file that cannot be read or saved holds the whole fleet this run,
+    as a trip does (RV(breaker) says why), and Slurm keeps the trip as well - nodes still showing the breaker's
+    hold, set after the last reset, trip it again on the next run even when the file never got the trip.
+  - Writes the plan to O(publish_dir) when set.
 author:
   - gpufleet.reliability contributors (@gpufleet)
 extends_documentation_fragment:
@@ -55,7 +59,16 @@ options:
     type: path
   breaker_state_file:
     description:
-      - JSON file with the persisted circuit-breaker state. Missing means not tripped.
+      - JSON file with the persisted circuit-breaker state, read at the start and replaced atomically (mode 0640)
+        when the state changes. Missing means not tripped (unless Slurm shows the breaker's hold). Its directory is
+        created (mode 0750) when missing.
+      - Not written in check mode.
+    type: path
+  publish_dir:
+    description:
+      - An existing directory to write the plan to, as C(plan.json) (replaced atomically, mode 0644), for people
+        and tools that look at the last run.
+      - Not written in check mode.
     type: path
   lock_file:
     description:
@@ -63,7 +76,8 @@ options:
         this run holds it; it is held for the life of the run's C(ansible-playbook) process (a run that ends or is
         killed frees it) and names its holder (PID, host, since when). A second run fails at once, changing
         nothing, with a message that names the holder, unless the holder ends within O(lock_wait).
-      - Not taken in check mode (a check run changes nothing). Unset - no lock.
+      - Not taken in check mode (a check run changes nothing). Unset - no lock. Its directory is created (mode
+        0750) when missing.
     type: path
   lock_wait:
     description:
@@ -190,9 +204,15 @@ lock:
   returned: always
   type: dict
 breaker_changed:
-  description: Whether the breaker state differs from O(breaker_state_file).
+  description: Whether the breaker state differs from O(breaker_state_file) (it was saved, or in check mode would
+    be).
   returned: always
   type: bool
+written:
+  description: The files written (or, in check mode, that would be written) - the breaker state and the plan.
+  returned: always
+  type: list
+  elements: str
 fleet:
   description: The fleet summary the plan was made from (counts per partition and domain).
   returned: always
@@ -219,6 +239,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.reliability.plugins.module_utils.fileutil import atomic_write
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import BreakerState, RepairError, plan
 from ansible_collections.gpufleet.reliability.plugins.module_utils.runlock import RunLockBusy, acquire
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import SlurmError
@@ -281,6 +302,48 @@ def _reports_from_dir(module: AnsibleModule, path: Optional[str]
     return reports, times, errors
 
 
+def _make_parent(module: AnsibleModule, key: str) -> None:
+    """Create the directory of option ``key``'s file (mode 0750) when it is missing, or fail naming the option."""
+    parent = os.path.dirname(os.path.abspath(module.params[key]))
+    if os.path.isdir(parent):
+        return
+    try:
+        os.makedirs(parent, 0o750, exist_ok=True)
+    except OSError as exc:
+        module.fail_json(msg=f"{key}: cannot create its directory {parent}: {exc}")
+
+
+def _closed(why: str, breaker: BreakerState, now: float) -> BreakerState:
+    """The breaker held closed for this run because its state cannot be trusted or saved."""
+    return BreakerState(tripped=True, since=now, reason=why + "; held closed until it is fixed and a person resets "
+                        "the breaker", reset_at=breaker.reset_at, nodes=list(breaker.nodes))
+
+
+def _stored_breaker(path: Optional[str], now: float) -> Tuple[Optional[Dict[str, Any]], BreakerState]:
+    """(the stored state as saved, or None; the state to plan with). Fails closed: a file that cannot be read or is
+    not a breaker state holds the fleet (a person's reset replaces it)."""
+    if not path:
+        return None, BreakerState()
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        brk = BreakerState.from_dict(data)
+    except FileNotFoundError:
+        return None, BreakerState()
+    except (OSError, ValueError, RecursionError, RepairError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)[:200]
+        return {}, _closed(f"breaker_state_file {path}: unreadable ({why})", BreakerState(), now)
+    return brk.to_dict(), brk
+
+
+def _differs(path: str, text: str) -> bool:
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as fh:
+            return fh.read() != text
+    except OSError:
+        return True
+
+
 def _approvals(module: AnsibleModule) -> List[str]:
     out = list(module.params["approvals"])
     path = module.params["approvals_file"]
@@ -304,6 +367,7 @@ def main() -> None:
         reports=dict(type="dict", default={}),
         reports_dir=dict(type="path"),
         breaker_state_file=dict(type="path"),
+        publish_dir=dict(type="path"),
         breaker_reset=dict(type="bool", default=False),
         lock_file=dict(type="path"),
         lock_wait=dict(type="float", default=0),
@@ -323,6 +387,12 @@ def main() -> None:
     if p["lock_wait"] < 0 or p["lock_lease"] <= 0:
         module.fail_json(msg=f"lock_wait: expected seconds >= 0, lock_lease: seconds > 0; got {p['lock_wait']}, "
                              f"{p['lock_lease']}")
+    if p["publish_dir"] and not os.path.isdir(p["publish_dir"]):
+        module.fail_json(msg=f"publish_dir: expected an existing directory, got {p['publish_dir']}")
+    if not module.check_mode:
+        for key in ("lock_file", "breaker_state_file"):
+            if p[key]:
+                _make_parent(module, key)
     lock = None
     if p["lock_file"] and not module.check_mode:
         try:
@@ -355,18 +425,32 @@ def main() -> None:
     )
     for name in sorted(set(report_errors) - set(nodes)):
         module.warn(f"report of {name}, a node Slurm does not know, ignored: {report_errors[name]}")
-    stored = None
-    if p["breaker_state_file"]:
-        stored = _read_json(module, p["breaker_state_file"], "breaker_state_file")
-    try:
-        breaker = BreakerState.from_dict(stored)
-        if p["breaker_reset"]:
-            breaker = breaker.reset(now)
-        result = plan(inputs.fleet, inputs.nodes, p["config"], now, approvals=_approvals(module), breaker=breaker)
-    except RepairError as exc:
-        module.fail_json(msg=str(exc))
+    stored, breaker = _stored_breaker(p["breaker_state_file"], now)
+    if p["breaker_reset"]:
+        breaker = breaker.reset(now)
+    approvals = _approvals(module)
 
-    out = result.to_dict()
+    def make_plan(brk: BreakerState) -> Dict[str, Any]:
+        try:
+            return plan(inputs.fleet, inputs.nodes, p["config"], now, approvals=approvals, breaker=brk).to_dict()
+        except RepairError as exc:
+            module.fail_json(msg=str(exc))
+
+    out = make_plan(breaker)
+    written = []
+    new_breaker = out["breaker"]
+    # a file that could not be read ({}) is left for a person to look at, until their reset replaces it
+    breaker_changed = (BreakerState().to_dict() if stored is None else stored) != new_breaker
+    if p["breaker_state_file"] and breaker_changed and (stored != {} or p["breaker_reset"]):
+        written.append(p["breaker_state_file"])
+        if not module.check_mode:
+            try:
+                atomic_write(p["breaker_state_file"], json.dumps(new_breaker, indent=4, sort_keys=True) + "\n", 0o640)
+            except OSError as exc:  # fail closed: a trip or a reset that cannot be saved holds the fleet
+                out = make_plan(_closed(f"breaker_state_file {p['breaker_state_file']}: cannot save the breaker state "
+                                        f"({exc.strerror or exc})", breaker, now))
+                new_breaker = out["breaker"]
+                written.pop()
     field = p["history_field"]
     for d in out["decisions"]:
         d["approval"] = f"{d['node']}:{d['action']}:{d['incident'] or '-'}"
@@ -374,14 +458,24 @@ def main() -> None:
         d["stored_history"] = (getattr(node, field) or "") if node is not None else ""
     runnable = [d for d in out["decisions"] if d["runnable"]]
     pending = [d for d in out["decisions"] if d["needs_approval"]]
-    new_breaker = out["breaker"]
+    if p["publish_dir"]:
+        path = os.path.join(p["publish_dir"], "plan.json")
+        text = json.dumps(out, indent=4, sort_keys=True) + "\n"
+        if _differs(path, text):
+            written.append(path)
+            if not module.check_mode:
+                try:
+                    atomic_write(path, text, 0o644)
+                except OSError as exc:
+                    module.fail_json(msg=f"publish_dir: cannot write {path}: {exc}")
     module.exit_json(
-        changed=False,
+        changed=bool(written),
+        written=written,
         plan=out,
         runnable=runnable,
         pending_approval=pending,
         breaker=new_breaker,
-        breaker_changed=(stored or BreakerState().to_dict()) != new_breaker,
+        breaker_changed=breaker_changed,
         lock=lock,
         fleet=inputs.counts,
         spares=inputs.spares,

@@ -15,7 +15,7 @@ from ansible.utils.plugin_docs import get_docstring
 REPO = Path(__file__).resolve().parents[3]
 MODULES = sorted(p.stem for p in (REPO / "plugins" / "modules").glob("*.py") if p.stem != "__init__")
 # What each module says it does in diff mode (a module that reports no diff uses attributes.no_diff).
-NO_DIFF = {"gpu_health", "gpu_reset", "node_replace", "repair_plan"}
+NO_DIFF = {"gpu_health", "gpu_reset", "node_replace", "repair_plan", "repair_publish"}
 
 
 def attributes(module: str) -> dict:

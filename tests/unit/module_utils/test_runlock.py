@@ -13,6 +13,7 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.runlock impor
     RunLockBusy,
     acquire,
     proc_stat,
+    release,
     run_process,
 )
 
@@ -45,6 +46,18 @@ def test_a_second_run_is_refused_while_the_first_lives_and_takes_over_when_it_en
     first.kill()
     first.wait()
     assert acquire(path, me=me2)["pid"] == me2[0]  # the holder is gone: the lock is free
+
+
+def test_release_frees_only_our_own_lock(tmp_path, run):
+    path = str(tmp_path / "repair.lock")
+    _first, me1 = run()
+    _second, me2 = run()
+    assert release(path, me=me1) is False  # no lock: nothing to free
+    held = acquire(path, me=me1)
+    assert release(path, me=me2) is False  # another run's lock stays
+    assert json.loads((tmp_path / "repair.lock").read_text()) == held
+    assert release(path, me=me1) is True and not (tmp_path / "repair.lock").exists()
+    assert acquire(path, me=me2)["pid"] == me2[0]  # free for the next run at once
 
 
 def test_a_reused_pid_is_not_the_holder(tmp_path, run):
