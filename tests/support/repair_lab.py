@@ -59,12 +59,12 @@ class RepairLab:
     def install_hook(self):
         """The real agent as the lab's health check (it drains its own node when unhealthy)."""
         hook = self.lab.hook
-        hook.write_text(f'#!/usr/bin/env bash\nexec {sys.executable} {FAKEGPU} agent {self.dir} "$SLURMD_NODENAME"\n')
+        # no exec: the shell keeps the hook's path in its command line while the agent runs (lab.stop_hooks)
+        hook.write_text(f'#!/usr/bin/env bash\n{sys.executable} {FAKEGPU} agent {self.dir} "$SLURMD_NODENAME"\n')
         hook.chmod(0o755)
 
     def uninstall(self):
-        if self.lab.hook.exists():
-            self.lab.hook.unlink()
+        self.lab.stop_hooks()
 
     # ---- faults and state -----------------------------------------------------------------------------------
     def inject(self, node, fault="xid48", cleared_by="reboot"):
@@ -183,6 +183,23 @@ class RepairLab:
         return subprocess.Popen([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,",
                                  str(REPO / "playbooks" / "repair.yml"), "-e", f"@{varfile}"], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def run_with_full_state_dir(self, size="4k", **kw):
+        """Run repair.yml (ansible-playbook) with the controller's state directory on a tmpfs of ``size`` that holds
+        the run lock and nothing more (a disk that filled up), mounted in a mount namespace of the run's own, so
+        the mount ends with the run. Returns (exit status, output)."""
+        ev = self.extravars(**kw)
+        varfile = self.tmp / f"vars-full-{self.runs}.json"
+        varfile.write_text(json.dumps(ev))
+        self.state.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, **self._envvars())
+        proc = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+             'mount -t tmpfs -o "size=$1,mode=0750" tmpfs "$2" && shift 2 && exec "$@"', "sh", size,
+             str(self.state), str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,",
+             str(REPO / "playbooks" / "repair.yml"), "-e", f"@{varfile}"],
+            env=env, capture_output=True, text=True, timeout=600, check=False, stdin=subprocess.DEVNULL)
+        return proc.returncode, proc.stdout + proc.stderr
 
     @staticmethod
     def kill(proc):

@@ -16,7 +16,8 @@ the size of the fleet. Rules, in the order they apply to one node (docs/repair.m
 2. a step in progress -> wait, until a fresh report verifies it (ok -> resume) or it times out.
 3. healthy -> resume when drained by us (closes the incident, starts the cooldown).
 4. escalated -> hold until a person takes the node back.
-5. circuit breaker tripped -> hold (everything, fleet-wide, until a person resets it).
+5. circuit breaker tripped -> hold (everything, fleet-wide, until a person resets it). Slurm keeps it too: nodes
+   that show our breaker hold, set after the last reset, trip it when the stored state lost the trip.
 6. flap suppression: the finding must persist ``ttl`` -> wait.
 7. still in service -> drain (blast radius permitting); jobs still running -> wait.
 8. cooldown after a repair -> wait.
@@ -37,7 +38,7 @@ from .config import RepairConfig
 from .history import History
 from .limits import Limits, breaker_threshold
 from .model import ACTIONS, BreakerState, Decision, Plan, RepairError
-from .rules import Approvals, Case, decide, held_reason
+from .rules import Approvals, Case, breaker_in_slurm, decide, held_reason
 from .state import FleetSummary, NodeState
 
 _EMPTY = History()
@@ -127,6 +128,8 @@ def plan(
         brk = breaker
     else:
         brk = BreakerState() if breaker is None else BreakerState.from_dict(breaker)
+    if config.breaker_enabled and not brk.tripped:
+        brk = breaker_in_slurm(nodes, brk, config.reason_prefix) or brk
     limits = Limits(fl, config)
     keep, cap = retention(config)
     prefix = config.reason_prefix

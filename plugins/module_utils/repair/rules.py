@@ -24,8 +24,8 @@ A rule reads the node's :class:`Case` and returns a Decision, or None to let the
 9. ``next_step``: ``lemon`` (N incidents in M days) -> replace, ``escalate_repairs`` (N repairs in M days) and
    ``incident_attempts`` -> escalate; ``ladder``: the next rung of the class's ladder (``ladder_exhausted`` ->
    escalate).
-10. ``budget``: retry budget used -> wait; ``blast_radius``: a limit forbids the step -> hold; approval mode
-    -> needs approval (``gate``).
+10. ``budget``: retry budget used -> wait; ``min_healthy``/``blast_radius``: a limit forbids the step -> hold;
+    approval mode -> needs approval (``gate``).
 
 The limits themselves (blast radius, concurrency, spares, budget, breaker) live in limits.py.
 """
@@ -131,6 +131,33 @@ def held_reason(n: Any, config: RepairConfig, code: Optional[str], why: str) -> 
         return None
     text = "{} held{}: {}".format(config.reason_prefix, f" ({code})" if code else "", why)
     return text[:250]
+
+
+def breaker_in_slurm(nodes: Any, brk: BreakerState, prefix: str) -> Optional[BreakerState]:
+    """The breaker as Slurm keeps it: a tripped state when nodes still show our breaker hold, set after the last
+    reset (or with no reset on record), while the stored state says it is not tripped; else None.
+
+    The state file is the breaker's first home; the held nodes' reasons are its second. A trip whose state could
+    not be saved (a full or read-only state directory) still holds the fleet on the next run, and a person's reset
+    (``reset_at``, later than every note) ends it.
+    """
+    if brk.tripped:
+        return None
+    suffix = ": " + BREAKER_HELD
+    held = []
+    for n in nodes:
+        if not n.out_of_service or n.foreign(prefix) or not n.reason.startswith(prefix + " held"):
+            continue
+        if not n.reason.endswith(suffix) or n.reason_time is None:
+            continue
+        if brk.reset_at is None or n.reason_time > brk.reset_at:
+            held.append(n)
+    if not held:
+        return None
+    return BreakerState(tripped=True, since=min(float(n.reason_time) for n in held), reset_at=brk.reset_at,
+                        nodes=sorted(n.name for n in held),
+                        reason=f"{len(held)} nodes still show the breaker's hold in Slurm, newer than its last reset "
+                               "(a trip whose state file was not saved)")
 
 
 def hook_key(node: str, incident: str, action: str) -> str:
@@ -609,11 +636,14 @@ def budget(c: Case, step: str) -> Optional[Decision]:
 
 
 def blast_radius(c: Case, step: str) -> Optional[Decision]:
-    """A limit (min_healthy, nodes under repair per partition or domain, max_parallel) forbids the step: hold."""
-    block = c.limits.repair_block(c.n)
+    """A limit (min_healthy, nodes under repair per partition or domain, max_parallel) forbids the step: hold.
+    Rule ``min_healthy`` when the partition is below min_healthy (nothing ends that but nodes coming back or a
+    person: the run reports it as a problem), else ``blast_radius``."""
+    below = c.limits.min_healthy_block(c.n)
+    block = below or c.limits.repair_block(c.n)
     if not block:
         return None
-    return c.mk_inc("hold", f"{step} next, but {block}", "blast_radius", hist=c.booked)
+    return c.mk_inc("hold", f"{step} next, but {block}", "min_healthy" if below else "blast_radius", hist=c.booked)
 
 
 def start_step(c: Case, step: str, rule: str, why: str) -> Decision:

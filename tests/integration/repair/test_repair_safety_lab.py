@@ -425,3 +425,61 @@ def test_one_writer_a_second_run_is_refused_or_queues_behind_the_first(repair_la
     assert lab.wait_for(n, "idle", timeout=30)[0] == "idle"
     assert len(rl.resets(n)) == 1 and _reboots(rl, n) == 0
     assert not (rl.state / "repair.lock").exists()  # freed by the run that ended last
+
+
+def test_a_breaker_trip_that_cannot_be_saved_still_holds_the_fleet(repair_lab):
+    """Issue: with the state directory full during a trip the run died before its summary, and once the failures
+    left the window the next run rebooted every node with nobody having reset the breaker."""
+    rl = repair_lab
+    lab = rl.lab
+    sick = lab.nodes[:2]
+    for n in sick:
+        rl.inject(n, "xid48", "reset_gpu")
+    for n in sick:
+        rl.drained_by_agent(n)
+    cfg = {"breaker": {"fraction": "50%", "min_nodes": 2, "window": "5m"}}
+    held = "gpufleet: held (xid48): circuit breaker tripped, a person checks the fleet and resets it"
+
+    # 1. the trip cannot be saved (the state directory is full): the run holds everything, fails and says why
+    rc, out = rl.run_with_full_state_dir(config=cfg)
+    assert rc == 2, out[-4000:]
+    assert "cannot save the breaker state" in out and "held closed" in out, out[-4000:]
+    assert "repair run:" in out  # the summary is printed
+    assert all(lab.node_states()[n] == ("drained", held) for n in sick), lab.node_states()
+    assert rl.resets() == [] and rl.reboots() == []
+    assert not (rl.state / "breaker.json").exists()  # it was never saved
+
+    # 2. the disk is fine again and the failures are older than the window: Slurm still holds the trip
+    _r, art = rl.run(ok=False, config=dict(cfg, breaker={"fraction": "50%", "min_nodes": 2, "window": 1}))
+    brk = art["gpufleet_repair_plan"]["breaker"]
+    assert brk["tripped"] and "still show the breaker's hold in Slurm" in brk["reason"], brk
+    assert sorted(brk["nodes"]) == sorted(sick)
+    assert rl.breaker()["tripped"] is True  # saved now
+    assert rl.resets() == [] and all(lab.node_states()[n][0] == "drained" for n in sick)
+
+    # 3. only a person's reset ends it: the repairs go ahead
+    _r, art = rl.run(ok=None, config=dict(cfg, breaker={"enabled": True, "window": 1}), node_repair_breaker_reset=True)
+    assert not rl.breaker()["tripped"]
+    assert all(len(rl.resets(n)) == 1 for n in sick), rl.resets()
+
+
+def test_below_min_healthy_fails_the_run_and_says_so(repair_lab):
+    """Issue: a partition below min_healthy held every node with rc 0 "ok" run after run, for hours, unseen."""
+    rl = repair_lab
+    lab = rl.lab
+    sick = lab.nodes[:2]
+    for n in sick:
+        rl.inject(n, "xid48", "reset_gpu")
+    for n in sick:
+        rl.drained_by_agent(n)
+    floor = {"blast_radius": {"max_unavailable": len(lab.nodes), "min_healthy": "75%"}}
+    r, art = rl.run(ok=False, config=floor)
+    summary = art["gpufleet_repair_summary"]
+    below = [p for p in summary["problems"] if p.startswith("below min_healthy: 2 node(s) held")]
+    assert len(below) == 1 and all(n in below[0] for n in sick), summary["problems"]
+    assert "a person brings nodes back or lowers blast_radius.min_healthy" in below[0]
+    assert {d["node"]: d["rule"] for d in art["gpufleet_repair_plan"]["decisions"]} == {n: "min_healthy" for n in sick}
+    assert "below min_healthy" in r.output and rl.resets() == []
+    # above the floor the same nodes are repaired and the run is ok
+    rl.run(config={"blast_radius": {"max_unavailable": len(lab.nodes), "min_healthy": "50%"}})
+    assert all(len(rl.resets(n)) == 1 for n in sick), rl.resets()

@@ -263,6 +263,43 @@ def test_breaker_state_round_trips_and_blocks_resume():
     assert again[0].action == "resume" and not again.breaker.tripped
 
 
+HELD = "gpufleet: held (xid79): circuit breaker tripped, a person checks the fleet and resets it"
+
+
+def held_by_breaker(k, t=NOW - H):
+    return [node(name=f"node{i}", reason=HELD, reason_time=t, rep=report(code="xid79", action="reboot"))
+            for i in range(1, k + 1)]
+
+
+BREAKER_SLURM_ROWS = [
+    # (name, nodes, stored state, tripped after): Slurm keeps the breaker's hold when its state file did not
+    ("a trip whose state was never saved", held_by_breaker(2), None, True),
+    ("a stale state file, from before the trip", held_by_breaker(2), {"tripped": False, "reset_at": NOW - D}, True),
+    ("a person's reset after the notes ends it", held_by_breaker(2), {"tripped": False, "reset_at": NOW - 60}, False),
+    ("a note set by someone else is not ours", [node(reason="maint: " + HELD, reason_time=NOW - H)], None, False),
+    ("a hold for another reason", [node(reason="gpufleet: held (xid79): blast radius", reason_time=NOW - H)], None,
+     False),
+    ("a note without a time proves nothing", held_by_breaker(1, t=None), None, False),
+    ("a node back in service", [in_service(reason_time=NOW - H)], None, False),
+]
+
+
+@pytest.mark.parametrize("name,nodes,state,tripped", BREAKER_SLURM_ROWS, ids=[r[0] for r in BREAKER_SLURM_ROWS])
+def test_breaker_kept_in_slurm(name, nodes, state, tripped):
+    p = plan(fleet(unavailable=len(nodes)), nodes, cfg(), NOW, breaker=state)
+    assert p.breaker.tripped is tripped
+    if tripped:
+        assert all(d.action == "hold" and d.rule == "breaker" for d in p), [(d.node, d.action, d.rule) for d in p]
+        assert "still show the breaker's hold in Slurm" in p.breaker.reason
+        assert p.breaker.nodes == sorted(n["name"] for n in nodes)
+        assert p.breaker.reset_at == (state or {}).get("reset_at")
+
+
+def test_breaker_kept_in_slurm_is_off_when_the_breaker_is():
+    p = plan(fleet(unavailable=2), held_by_breaker(2), cfg(breaker={"enabled": False}), NOW)
+    assert not p.breaker.tripped
+
+
 def test_breaker_state_validation():
     with pytest.raises(RepairError, match="breaker.tripped"):
         plan(fleet(), [], cfg(), NOW, breaker={"tripped": "yes"})
@@ -320,7 +357,9 @@ def test_blast_radius(name, fl, nodes, blast, expect):
     assert got == expect, [(d.node, d.action, d.reason) for d in p]
     for d in p:
         if d.action == "hold":
-            assert d.rule.startswith("blast_radius") and not d.runnable
+            # below min_healthy has its own rule (a run reports it as a problem); the other limits are blast_radius
+            rule = "min_healthy" if "below min_healthy" in d.reason else "blast_radius"
+            assert d.rule.startswith(rule) and not d.runnable
 
 
 def test_blast_radius_order_is_oldest_incident_first():

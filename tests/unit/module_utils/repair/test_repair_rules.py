@@ -221,7 +221,13 @@ def test_budget_waits_until_a_slot_frees():
 
 def test_blast_radius_holds_a_step_over_the_limits():
     c = case(node(history=hist()), fl=fleet(total=8, unavailable=7), booked=True)  # below min_healthy 25 %
-    assert R.blast_radius(c, "reset_gpu").rule == "blast_radius"
+    d = R.blast_radius(c, "reset_gpu")
+    assert d.rule == "min_healthy" and d.action == "hold" and "below min_healthy" in d.reason
+    one = RepairConfig.from_dict({"blast_radius": {"max_unavailable": 8, "max_parallel": 1, "min_healthy": 0}})
+    busy = case(node(history=hist()), config=one, booked=True)
+    busy.limits.take_active(busy.n, started_now=True)  # one repair already started in this run
+    d = R.blast_radius(busy, "reset_gpu")
+    assert d.rule == "blast_radius" and "max_parallel 1" in d.reason, d
     assert R.blast_radius(case(node(history=hist()), booked=True), "reset_gpu") is None
 
 
