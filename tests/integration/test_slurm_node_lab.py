@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -114,10 +115,29 @@ def test_reboot_pending_is_not_requested_twice(lab, localhost):
 
 def test_wait_for_drained_waits_for_the_job(lab, localhost):
     node = lab.nodes[0]
-    job = lab.run("sbatch", "--parsable", "-w", node, "-o", "/dev/null", "--wrap", "sleep 3").stdout.strip()
-    lab.wait_for(node, {"mixed", "allocated"}, timeout=20)
-    res = slurm_node(localhost, name=node, state="drained", reason="gpufleet: drain with job", wait=True,
-                     timeout=60, poll_interval=0.5)
+    # the job runs until the module has drained the node (a fixed "sleep 3" ended before a module started under a
+    # loaded machine, seen in CI): a thread ends it once the node shows "draining"
+    hold = lab.dir / "flags" / "hold-job"
+    hold.write_text("")
+    job = lab.run("sbatch", "--parsable", "-w", node, "-o", "/dev/null", "--wrap",
+                  f"i=0; while [ -e {hold} ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i+1)); done").stdout.strip()
+
+    def release_when_draining():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and lab.node_states()[node][0] != "draining":
+            time.sleep(0.2)
+        hold.unlink(missing_ok=True)
+
+    releaser = threading.Thread(target=release_when_draining, daemon=True)
+    try:
+        lab.wait_for(node, {"mixed", "allocated"}, timeout=20)
+        releaser.start()
+        res = slurm_node(localhost, name=node, state="drained", reason="gpufleet: drain with job", wait=True,
+                         timeout=120, poll_interval=0.5)
+    finally:
+        hold.unlink(missing_ok=True)
+        if releaser.is_alive():
+            releaser.join(timeout=130)
     assert res.is_successful, res
     assert res["before"][node]["sinfo_state"] in ("mixed", "allocated")
     assert res["after"][node]["sinfo_state"] == "drained"
