@@ -179,7 +179,7 @@ def slurm_act(report: Report, name: str, client: Any = None, limits: Any = None,
     try:
         from ..repair import RepairError
         from ..repair.drain import drain_decision
-        from ..repair.owner import drained_by, foreign_reason
+        from ..repair.owner import IN_MAINTENANCE, drained_by, foreign_reason
         from ..slurm import SlurmClient, SlurmError
     except ImportError as exc:  # pragma: no cover - the role always ships slurm.py and repair/
         result.update(action="error", detail=f"Slurm adapter or repair policy missing: {exc}")
@@ -189,8 +189,10 @@ def slurm_act(report: Report, name: str, client: Any = None, limits: Any = None,
         if limits is None:  # no limits: drain whenever the report asks, under the brain's ownership rule
             node = client.node(name)
             current = (node.reason or "").strip()
-            if foreign_reason(node.state, node.flags, current, REASON_PREFIX):
-                result.update(action="left_alone", detail=f"drained/down by someone else: {current or node.state}")
+            why = foreign_reason(node.state, node.flags, current, REASON_PREFIX)
+            if why:
+                result.update(action="left_alone", detail=why if why == IN_MAINTENANCE else
+                              f"drained/down by someone else: {current or node.state}")
                 return result
             if drained_by(node.state, node.flags, current, REASON_PREFIX):
                 result.update(action="already_drained", detail=f"already drained by us: {current}")

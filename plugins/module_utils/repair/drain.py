@@ -39,6 +39,7 @@ from .config import RepairConfig
 from .fleet import _get, build_inputs, domains_of, out_of_service
 from .limits import Limits, breaker_threshold
 from .model import RepairError
+from .owner import IN_MAINTENANCE, in_maintenance
 from .state import FleetSummary, NodeState
 
 #: Finding codes of the live probe that mean the node cannot run GPU jobs now (when critical): a GPU lost or
@@ -161,6 +162,8 @@ def drain_decision(
     if me is None:
         raise RepairError(f"node: {node!r} is not among the Slurm nodes given")
     current = str(_get(me, "reason") or "").strip()
+    if in_maintenance(str(_get(me, "state") or ""), _get(me, "flags") or ()):
+        return DrainDecision("left_alone", forced, None, IN_MAINTENANCE, rule="not_ours")
     if drained_at is None and out_of_service(me):
         if current.startswith(config.reason_prefix):
             return DrainDecision("already_drained", forced, current, f"already drained by us: {current}",

@@ -7,6 +7,10 @@ Ours start with the reason prefix (``gpufleet:``). A node whose current reason i
 rebooted, reset, replaced or resumed by us, whatever our history says: the policy holds it and closes our open
 incident on it with a note; the bodies check again right before every step that leaves the controller.
 
+A node in an active maintenance reservation (``Flags=MAINT``: Slurm gives the node the MAINTENANCE flag, sinfo
+shows ``maint``) is the operator's too, in service or not: a maintenance window is a hold nobody wrote as a
+reason.
+
 Slurm keeps our reason through its own reboot path (it appends `` : reboot issued`` and `` : reboot complete``,
 and a node that stops responding keeps the reason it had), so our prefix survives our own reboot. A node in
 service is nobody's: Slurm 24.11 keeps the last reason after a RESUME, so a reason on a node in service means
@@ -22,6 +26,8 @@ OUT_FLAGS = frozenset({"DRAIN", "FAIL"})
 OUT_STATES = frozenset({"DOWN", "DRAINED", "DRAINING", "DRAIN", "FAIL", "FAILING"})
 _OUT_ANY_FLAG = OUT_FLAGS | {"DOWN"}
 _OUT_STATES_LOWER = frozenset(s.lower() for s in OUT_STATES)  # NodeState keeps its base state in lower case
+#: Flags (upper case) of a node in an active maintenance reservation: scontrol/JSON spell it MAINTENANCE, sinfo maint.
+MAINT_FLAGS = frozenset({"MAINTENANCE", "MAINT"})
 
 
 def out_of_service(state: Optional[str], flags: Iterable[str] = ()) -> bool:
@@ -37,6 +43,16 @@ def out_of_service_split(base: str, flags: AbstractSet[str]) -> bool:
     return base in _OUT_STATES_LOWER or base.upper() in OUT_STATES or not _OUT_ANY_FLAG.isdisjoint(flags)
 
 
+#: Why a node in a maintenance reservation is not ours.
+IN_MAINTENANCE = "in an active maintenance reservation (Slurm's MAINT flag): the operator's, never touched"
+
+
+def in_maintenance(state: Optional[str], flags: Iterable[str] = ()) -> bool:
+    """In an active maintenance reservation (``state`` as scontrol or sinfo spells it, ``flags`` any case)."""
+    words = str(state or "").upper().replace("*", "").split("+")
+    return not MAINT_FLAGS.isdisjoint(words[1:]) or not MAINT_FLAGS.isdisjoint(str(f).upper() for f in flags)
+
+
 def foreign_reason(
     state: Optional[str], flags: Iterable[str], reason: Optional[str], prefix: str, *, out: Optional[bool] = None
 ) -> Optional[str]:
@@ -47,6 +63,8 @@ def foreign_reason(
     """
     if not isinstance(prefix, str) or not prefix.strip():
         raise ValueError(f"reason_prefix: expected a non-empty string, got {prefix!r}")
+    if in_maintenance(state, flags):
+        return IN_MAINTENANCE
     if not (out_of_service(state, flags) if out is None else out):
         return None
     reason = str(reason or "")

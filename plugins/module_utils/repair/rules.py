@@ -41,6 +41,7 @@ from .config import RepairConfig
 from .history import History, Incident, Step, loads
 from .limits import Limits, budget_free_at
 from .model import CHANGING_ACTIONS, REPAIR_STEPS, SEVERITY, BreakerState, Decision, HookCall
+from .owner import in_maintenance
 
 _REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"})
 # Steps done by someone else (a hook): a sick report meanwhile does not fail them; they end healthy or time out.
@@ -204,9 +205,12 @@ def not_ours(c: Case) -> Optional[Decision]:
         raise AssertionError("repair rule order: hist is not None")
     inc = hist.incident
     pending = inc.pending() if inc is not None else None
-    who = "out of service by someone else ({}{})".format(
-        n.reason or "no reason", " by " + n.reason_user if n.reason_user else ""
-    )
+    if in_maintenance(n.state, n.flags):
+        who = "in an active maintenance reservation (Slurm's MAINT flag)"
+    else:
+        who = "out of service by someone else ({}{})".format(
+            n.reason or "no reason", " by " + n.reason_user if n.reason_user else ""
+        )
     closed = None
     if inc is not None:
         hist.abandon(c.now, who[:90])

@@ -166,10 +166,11 @@ class NodeState:
         return owner.out_of_service_split(self.state, self.flags)
 
     def foreign(self, prefix: str) -> Optional[str]:
-        """None when we may act on the node; else why not (out of service with a reason that is not ours)."""
+        """None when we may act on the node; else why not (out of service with a reason that is not ours, or in a
+        maintenance reservation)."""
         out = self.out_of_service
-        if not out and prefix:
-            return None  # in service: nobody's
+        if not out and prefix and not owner.in_maintenance(self.state, self.flags):
+            return None  # in service and in no maintenance window: nobody's
         return owner.foreign_reason(self.state, self.flags, self.reason, prefix, out=out)
 
     def drained_by(self, prefix: str) -> bool:

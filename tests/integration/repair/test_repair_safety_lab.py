@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import SlurmClient
 from support.repair_lab import wait_until
 
 pytestmark = pytest.mark.lab
@@ -483,3 +484,32 @@ def test_below_min_healthy_fails_the_run_and_says_so(repair_lab):
     # above the floor the same nodes are repaired and the run is ok
     rl.run(config={"blast_radius": {"max_unavailable": len(lab.nodes), "min_healthy": "50%"}})
     assert all(len(rl.resets(n)) == 1 for n in sick), rl.resets()
+
+
+def test_a_sick_node_in_a_maintenance_reservation_is_never_touched(repair_lab):
+    """Issue: a sick node inside an active Flags=MAINT reservation was rebooted and resumed mid-maintenance."""
+    rl = repair_lab
+    lab = rl.lab
+    n = lab.nodes[1]
+    rl.inject(n, "xid48", "reset_gpu")
+    rl.drained_by_agent(n)
+    ours = lab.node_states()[n]
+    # the operator's maintenance window begins on the node (Slurm flags it MAINTENANCE while it is active)
+    lab.run("scontrol", "create", "reservation", "ReservationName=gpufleet-maint", "StartTime=now", "Duration=30",
+            "Users=root", "Flags=MAINT,IGNORE_JOBS", f"Nodes={n}")
+    try:
+        # slurmctld applies a reservation's start on its own timer: seconds, as the repair run reads the node
+        wait_until(lambda: "MAINTENANCE" in SlurmClient(backend="cli").node(n).flags, timeout=60, interval=0.5,
+                   what="the MAINTENANCE flag")
+        for _unused in range(2):
+            _r, art = rl.run(ok=None)
+            d = {d["node"]: d for d in art["gpufleet_repair_plan"]["decisions"]}[n]
+            assert (d["action"], d["rule"]) == ("hold", "not_ours") and "maintenance reservation" in d["reason"], d
+        assert rl.resets(n) == [] and rl.reboots() == []
+        state, reason = lab.node_states()[n]  # sinfo marks a node in a maintenance reservation with "$"
+        assert (state.rstrip("$"), reason) == ours  # our drain and its reason, as they were: no note, no resume
+    finally:
+        lab.run("scontrol", "delete", "ReservationName=gpufleet-maint", check=False)
+    # the window is over: the node is ours again and is repaired
+    rl.until(lambda: lab.node_states()[n][0] == "idle", runs=3)
+    assert len(rl.resets(n)) == 1

@@ -51,6 +51,15 @@ def test_cannot_run_jobs_is_the_live_probe_only():
     assert not cannot_run_jobs(drift)
 
 
+@pytest.mark.parametrize("report", [WARN, LOST], ids=["warning", "cannot run jobs"])
+@pytest.mark.parametrize("me", [node("n01", flags=("MAINTENANCE",)), node("n01", state="IDLE+MAINTENANCE"),
+                                node("n01", flags=("DRAIN", "MAINT"), reason="gpufleet: xid79 gpu3", t=NOW - 10)])
+def test_a_node_in_a_maintenance_window_is_left_alone(report, me):
+    nodes = [me] + fleet(16)[1:]
+    d = drain_decision(report, "n01", nodes, LIMITS, NOW)
+    assert (d.action, d.rule) == ("left_alone", "not_ours") and "maintenance reservation" in d.detail, d
+
+
 def test_warning_within_limits_drains():
     d = drain_decision(WARN, "n01", fleet(16), LIMITS, NOW)
     assert (d.action, d.forced, d.reason, d.rule) == ("drain", False, "gpufleet: xid79 gpu3", "limits")

@@ -41,6 +41,25 @@ def test_foreign_reason(state, flags, reason, foreign):
     assert out_of_service(state, flags) == (foreign or reason.startswith("gpufleet:"))
 
 
+@pytest.mark.parametrize("state,flags,reason", [
+    ("idle", ["MAINTENANCE"], ""),                        # in service, in the window
+    ("IDLE+MAINTENANCE", [], ""),                          # scontrol's spelling of the same
+    ("idle", ["DRAIN", "MAINTENANCE"], "gpufleet: xid48 gpu3"),  # drained by us, then the window began
+    ("down", ["MAINT"], "gpufleet: reboot xid79 (incident 1) : reboot issued"),
+])
+def test_a_maintenance_reservation_is_the_operators(state, flags, reason):
+    why = foreign_reason(state, flags, reason, "gpufleet:")
+    assert why is not None and "maintenance reservation" in why
+
+
+def test_a_sick_node_in_a_maintenance_window_is_held_and_never_repaired():
+    for n in (node(flags=("DRAIN", "MAINTENANCE")), node(state="IDLE+MAINTENANCE", flags=()),
+              node(rep=HEALTHY, flags=("DRAIN", "MAINTENANCE"), history=hist())):
+        d = decide(n)["node2"]
+        assert (d.action, d.rule) == ("hold", "not_ours") and not d.runnable, (d.action, d.rule, d.reason)
+        assert d.slurm_reason is None and d.hook is None and d.spare is None
+
+
 def test_empty_prefix_is_refused():
     with pytest.raises(ValueError, match="reason_prefix"):
         foreign_reason("idle", ["DRAIN"], "x", "")
