@@ -26,7 +26,7 @@ def promtool(*args, cwd=None):
 def test_rules_are_valid():
     p = promtool("check", "rules", RULES)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "SUCCESS: 13 rules found" in p.stdout
+    assert "SUCCESS: 14 rules found" in p.stdout
 
 
 def test_rule_unit_tests_pass():
@@ -34,7 +34,7 @@ def test_rule_unit_tests_pass():
     assert p.returncode == 0, p.stdout + p.stderr
 
 
-@pytest.mark.parametrize("old,new", [("for: 4h", "for: 1h"), ("> 900", "> 9000"),
+@pytest.mark.parametrize("old,new", [("for: 4h", "for: 1h"), ("> 900", "> 9000"), ("> 7200", "> 72000"),
                                      ('code=~"gpu_lost|gpu_missing|xid79"', 'code=~"gpu_lost|gpu_missing"')])
 def test_rule_unit_tests_catch_a_changed_rule(tmp_path, old, new):
     (tmp_path / "tests").mkdir()
