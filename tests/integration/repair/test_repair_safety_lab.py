@@ -410,9 +410,15 @@ def test_one_writer_a_second_run_is_refused_or_queues_behind_the_first(repair_la
         wait_until(lambda: inside.exists() or first.poll() is not None, timeout=180, what="the first run's reset")
         assert first.poll() is None and len(rl.resets(n)) == 0 and (rl.state / "repair.lock").exists()
         before = rl.extra(n)
-        r, _art = rl.run(ok=False)
+        r, art = rl.run(ok=False)
         assert "another repair run holds" in r.output and f"pid {first.pid} on" in r.output, r.output[-3000:]
         assert rl.extra(n) == before and len(rl.resets(n)) == 0
+        # the refused run still says why, where AWX and people look, and leaves the holder's lock alone
+        summary = art["gpufleet_repair_summary"]
+        assert summary["headline"].startswith("repair run: stopped before its plan"), summary
+        assert len(summary["problems"]) == 1 and "another repair run holds" in summary["problems"][0], summary
+        assert json.loads((rl.tmp / "summary.json").read_text()) == summary
+        assert json.loads((rl.state / "repair.lock").read_text())["pid"] == first.pid
         queued = rl.start_async(node_repair_lock_wait=300)
         time.sleep(3)
         assert queued.poll() is None  # waiting for the lock
