@@ -12,7 +12,17 @@ PLUGIN = Path(__file__).resolve().parents[3] / "extensions" / "eda" / "plugins" 
 
 
 class PrintQueue:
+    """The rulebook's queue, printing each event as one JSON line. With ``stall_after`` N, it takes N events and
+    then has no room any more (a rulebook busy with a run): ``put`` waits for ever, as on a full asyncio.Queue."""
+
+    def __init__(self, stall_after=None):
+        self.stall_after = stall_after
+
     async def put(self, event):
+        if self.stall_after is not None:
+            if self.stall_after <= 0:
+                await asyncio.Future()
+            self.stall_after -= 1
         sys.stdout.write(json.dumps(event) + "\n")
         sys.stdout.flush()
 
@@ -22,7 +32,8 @@ def main():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     try:
-        asyncio.run(mod.main(PrintQueue(), json.loads(sys.argv[1])))
+        args = json.loads(sys.argv[1])
+        asyncio.run(mod.main(PrintQueue(args.pop("_stall_after", None)), args))
     except ValueError as exc:
         sys.stderr.write(f"{exc}\n")
         return 2

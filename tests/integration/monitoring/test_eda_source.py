@@ -36,10 +36,14 @@ class Source:
         stop_process(self.proc)
 
 
-@pytest.fixture
-def source():
+# the nodes "Slurm knows" for the source (known_nodes_command)
+KNOWN = ["sh", "-c", "printf 'gpu1\\ngpu2\\ngpu3 gpu4\\n'"]
+
+
+def start_source(**more):
     port = free_port()
-    s = Source({"port": port, "token": TOKEN, "hmac_secret": SECRET, "dedupe_seconds": 300, "max_body": 4096})
+    s = Source({"port": port, "token": TOKEN, "hmac_secret": SECRET, "dedupe_seconds": 300, "max_body": 4096,
+                "known_nodes_command": KNOWN, **more})
     s.url = f"http://127.0.0.1:{port}"
 
     def up():
@@ -47,6 +51,12 @@ def source():
             raise AssertionError(s.proc.stderr.read())
         return http_post(s.url + "/alertmanager", b"{}")[0] == 401
     wait_for(up, 60, "the event source to listen")
+    return s
+
+
+@pytest.fixture
+def source():
+    s = start_source()
     yield s
     s.stop()
 
@@ -96,7 +106,7 @@ def test_refused_requests_queue_nothing(source):
     status, answer = http_post(source.url + "/alertmanager", am_body(
         alert("-gpu1"), alert("gpu1\nx"), alert("a" * 80), alert("gpu1", status="resolved"),
         alert("gpu1", gpufleet_repair="false"), {"labels": "x"}, "junk"), BEARER)
-    assert (status, answer) == (202, {"queued": 0, "deduplicated": 0, "dropped": 7})
+    assert (status, answer) == (202, {"queued": 0, "deduplicated": 0, "dropped": 7, "unknown": 0, "busy": 0})
     healthy = json.dumps({"node": "gpu1", "verdict": "healthy", "action": "none"}).encode()
     assert http_post(source.url + "/event", healthy, signed(healthy))[1]["dropped"] == 1
     time.sleep(0.5)  # nothing may arrive late
@@ -106,7 +116,7 @@ def test_refused_requests_queue_nothing(source):
 def test_genuine_requests_queue_one_event_per_node(source):
     status, answer = http_post(source.url + "/alertmanager", am_body(alert("gpu1"), alert("gpu2", code="xid48")),
                                BEARER)
-    assert (status, answer) == (202, {"queued": 2, "deduplicated": 0, "dropped": 0})
+    assert (status, answer) == (202, {"queued": 2, "deduplicated": 0, "dropped": 0, "unknown": 0, "busy": 0})
     # a flood: Alertmanager repeats, the agent reports the same node again - all deduplicated
     for _i in range(20):
         assert http_post(source.url + "/alertmanager", am_body(alert("gpu1")), BEARER)[1]["deduplicated"] == 1
@@ -123,6 +133,52 @@ def test_genuine_requests_queue_one_event_per_node(source):
                                                      ("agent", "gpu4")]
     assert got[0]["alertname"] == "GpufleetGpuLost" and got[0]["gpu"] == "3" and got[1]["code"] == "xid48"
     assert got[2]["action"] == "reset_gpu" and got[2]["gpu"] == "2" and isinstance(got[2]["received_at"], float)
+
+
+def test_names_slurm_does_not_know_are_dropped_and_counted():
+    """Issue: one post with 24 names Slurm does not know started 24 fleet-wide repair runs."""
+    source = start_source(max_body=65536)
+    try:
+        names = [f"ghost{i}" for i in range(24)]
+        status, answer = http_post(source.url + "/alertmanager",
+                                   am_body(*[alert(n) for n in names], alert("gpu1")), BEARER)
+        assert (status, answer) == (202, {"queued": 1, "deduplicated": 0, "dropped": 0, "unknown": 24, "busy": 0})
+        ghost = json.dumps({"node": "ghost1", "verdict": "unhealthy", "action": "reboot"}).encode()
+        assert http_post(source.url + "/event", ghost, signed(ghost))[1]["unknown"] == 1
+        wait_for(lambda: len(source.events) == 1, 10, "one event")
+        time.sleep(0.3)
+    finally:
+        source.stop()
+    assert [e["gpufleet"]["node"] for e in source.events] == ["gpu1"]
+
+
+def test_a_failing_node_list_checks_no_names():
+    s = start_source(known_nodes_command=["sh", "-c", "echo slurmctld down >&2; exit 1"])
+    try:
+        status, answer = http_post(s.url + "/alertmanager", am_body(alert("newnode7")), BEARER)
+        assert (status, answer["queued"], answer["unknown"]) == (202, 1, 0)
+    finally:
+        s.stop()
+    err = s.proc.stderr.read()
+    assert "known_nodes_command" in err and "exited 1: slurmctld down" in err, err
+
+
+def test_a_full_queue_is_answered_at_once_with_503():
+    """Issue: during a run the queue was full and a post was answered after 152.9 s; now at once, and the sender
+    retries."""
+    s = start_source(_stall_after=1, queue_timeout=1)
+    try:
+        assert http_post(s.url + "/alertmanager", am_body(alert("gpu1")), BEARER)[1]["queued"] == 1
+        t0 = time.monotonic()
+        status, answer = http_post(s.url + "/alertmanager", am_body(alert("gpu2"), alert("gpu3")), BEARER)
+        took = time.monotonic() - t0
+        assert (status, answer) == (503, {"queued": 0, "deduplicated": 0, "dropped": 0, "unknown": 0, "busy": 2})
+        assert took < 10, took  # queue_timeout 1 s, not the length of a repair run
+        # not deduplicated: the sender's retry is tried again (and is busy again while the queue is full)
+        assert http_post(s.url + "/alertmanager", am_body(alert("gpu2")), BEARER)[:1] == (503,)
+    finally:
+        s.stop()
+    assert [e["gpufleet"]["node"] for e in s.events] == ["gpu1"]
 
 
 @pytest.mark.parametrize("args,message", [

@@ -18,6 +18,12 @@ secret (401), a body that is not JSON or not the expected shape (400), a node na
 (the alert is dropped), a body over ``max_body`` bytes (413). Floods are deduplicated: one event per node per
 ``dedupe_seconds`` (the rulebook adds its own throttle; the repair plan its budgets and breaker).
 
+Every request is answered at once. A node Slurm does not know (the names ``known_nodes_command`` prints, read
+again at most every ``known_nodes_ttl`` seconds) is dropped and counted as ``unknown``: it would only start runs
+that find nothing to do. When the rulebook's queue has no room within ``queue_timeout`` seconds (a run is under
+way and events pile up), the answer is 503 with ``Retry-After`` and the events not queued are counted as
+``busy`` (and not deduplicated, so the sender's retry gets through); Alertmanager and the agent retry.
+
 Arguments (rulebook ``sources:``):
 
     host: 127.0.0.1            listen address; anything but loopback needs allow_remote: true
@@ -29,6 +35,10 @@ Arguments (rulebook ``sources:``):
     dedupe_seconds: 300
     max_body: 1048576
     max_skew: 300
+    queue_timeout: 1           seconds to wait for room on the rulebook's queue before answering 503
+    known_nodes_command: [sinfo, -h, -o, "%n"]   prints the node names Slurm knows; [] accepts any name. When it
+                               fails the names are not checked (logged), until the next read
+    known_nodes_ttl: 60
 
 At least one of token / hmac_secret must be set: the source refuses to start without a secret.
 """
@@ -89,8 +99,17 @@ class Receiver:
         self.dedupe = self._int(args, "dedupe_seconds", 300, 0, 7 * 86400)
         self.max_body = self._int(args, "max_body", 1 << 20, 1024, 64 << 20)
         self.max_skew = self._int(args, "max_skew", 300, 1, 86400)
+        self.queue_timeout = self._int(args, "queue_timeout", 1, 0, 60)
+        self.known_ttl = self._int(args, "known_nodes_ttl", 60, 1, 86400)
+        cmd = args.get("known_nodes_command", ["sinfo", "-h", "-o", "%n"])
+        if not isinstance(cmd, list) or not all(isinstance(a, str) and a for a in cmd):
+            raise ValueError(f"alert_webhook: known_nodes_command: expected a list of arguments, got {cmd!r}")
+        self.known_cmd = list(cmd)
+        self._known: Optional[frozenset] = None
+        self._known_at: Optional[float] = None
+        self._known_lock = asyncio.Lock()
         self.last: Dict[str, float] = {}
-        self.stats = {"queued": 0, "deduplicated": 0, "dropped": 0, "refused": 0}
+        self.stats = {"queued": 0, "deduplicated": 0, "dropped": 0, "refused": 0, "unknown": 0, "busy": 0}
 
     @staticmethod
     def _int(args, key, default, lo, hi) -> int:
@@ -167,17 +186,60 @@ class Receiver:
         return [{"kind": "agent", "node": node, "alertname": None, "code": _clean(data.get("code")),
                  "gpu": _clean(data.get("gpu")), "action": action, "severity": None}], 0
 
+    async def known_nodes(self) -> Optional[frozenset]:
+        """The node names Slurm knows, read at most every ``known_nodes_ttl`` seconds; None: do not check (no
+        command, or it failed: logged, and not run again before the ttl)."""
+        if not self.known_cmd:
+            return None
+        async with self._known_lock:
+            now = self.clock()
+            if self._known_at is not None and now - self._known_at < self.known_ttl:
+                return self._known
+            self._known_at, self._known = now, None
+            proc = None
+            try:
+                proc = await asyncio.create_subprocess_exec(*self.known_cmd, stdin=asyncio.subprocess.DEVNULL,
+                                                            stdout=asyncio.subprocess.PIPE,
+                                                            stderr=asyncio.subprocess.PIPE)
+                out, err = await asyncio.wait_for(proc.communicate(), timeout=10)
+            except (OSError, asyncio.TimeoutError) as exc:
+                if proc is not None and proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+                LOGGER.warning("alert_webhook: known_nodes_command %s failed (%s); node names are not checked",
+                               self.known_cmd, type(exc).__name__)
+                return None
+            if proc.returncode != 0:
+                LOGGER.warning("alert_webhook: known_nodes_command %s exited %s: %s; node names are not checked",
+                               self.known_cmd, proc.returncode, err[:200].decode("utf-8", "replace").strip())
+                return None
+            names = out[:16 << 20].decode("utf-8", "replace").split()
+            self._known = frozenset(n for n in names if NODE_RE.match(n))
+            return self._known
+
     async def put(self, events: List[Dict[str, Any]]) -> Dict[str, int]:
+        """Queue the events (one per node per dedupe period); never waits more than ``queue_timeout`` for room."""
         now = self.clock()
-        counts = {"queued": 0, "deduplicated": 0}
+        counts = {"queued": 0, "deduplicated": 0, "unknown": 0, "busy": 0}
+        known = await self.known_nodes() if events else None
         for ev in events:
+            if known is not None and ev["node"] not in known:
+                counts["unknown"] += 1
+                continue
             last = self.last.get(ev["node"])
             if last is not None and now - last < self.dedupe:
                 counts["deduplicated"] += 1
                 continue
-            self.last[ev["node"]] = now
+            if counts["busy"]:  # the queue had no room a moment ago: the rest are not tried
+                counts["busy"] += 1
+                continue
             ev["received_at"] = now
-            await self.queue.put({"gpufleet": ev})
+            try:
+                await asyncio.wait_for(self.queue.put({"gpufleet": ev}), timeout=self.queue_timeout or 0.001)
+            except asyncio.TimeoutError:
+                counts["busy"] += 1
+                continue
+            self.last[ev["node"]] = now
             counts["queued"] += 1
         for k, v in counts.items():
             self.stats[k] += v
@@ -201,6 +263,9 @@ class Receiver:
         self.stats["dropped"] += dropped
         counts = await self.put(events)
         counts["dropped"] = dropped
+        if counts["busy"]:
+            LOGGER.warning("alert_webhook: the rulebook's queue is full: %d event(s) not queued (503)", counts["busy"])
+            return web.json_response(counts, status=503, headers={"Retry-After": "30"})
         return web.json_response(counts, status=202)
 
     def app(self) -> web.Application:
