@@ -8,6 +8,7 @@ import hashlib
 import hmac
 import json
 import os
+import socket
 import subprocess
 import threading
 import time
@@ -45,6 +46,7 @@ def start_source(**more):
     s = Source({"port": port, "token": TOKEN, "hmac_secret": SECRET, "dedupe_seconds": 300, "max_body": 4096,
                 "known_nodes_command": KNOWN, **more})
     s.url = f"http://127.0.0.1:{port}"
+    s.port = port
 
     def up():
         if s.proc.poll() is not None:
@@ -123,7 +125,8 @@ def test_genuine_requests_queue_one_event_per_node(source):
     agent = json.dumps({"node": "gpu3", "verdict": "unhealthy", "action": "reset_gpu", "code": "xid48",
                         "gpu": 2}).encode()
     assert http_post(source.url + "/event", agent, signed(agent))[1]["queued"] == 1
-    assert http_post(source.url + "/event", agent, signed(agent))[1]["deduplicated"] == 1
+    # the agent's next report of the same node (signed anew): deduplicated
+    assert http_post(source.url + "/event", agent, signed(agent, stamp=int(time.time()) - 1))[1]["deduplicated"] == 1
     drain = json.dumps({"node": "gpu4", "verdict": "degraded", "drain": True, "code": "node_power_brake"}).encode()
     assert http_post(source.url + "/event", drain, BEARER)[1]["queued"] == 1
     wait_for(lambda: len(source.events) == 4, 10, "four events")
@@ -133,6 +136,63 @@ def test_genuine_requests_queue_one_event_per_node(source):
                                                      ("agent", "gpu4")]
     assert got[0]["alertname"] == "GpufleetGpuLost" and got[0]["gpu"] == "3" and got[1]["code"] == "xid48"
     assert got[2]["action"] == "reset_gpu" and got[2]["gpu"] == "2" and isinstance(got[2]["received_at"], float)
+
+
+def test_hostile_requests_as_an_attacker_sends_them(source):
+    """Issue 26 section 4: each of these got a 500, was counted as a node of its own, or was accepted twice."""
+    agent = json.dumps({"node": "gpu1", "verdict": "unhealthy", "action": "reboot", "code": "xid79"}).encode()
+    # a replay of a good signed request inside the window
+    h = signed(agent)
+    assert http_post(source.url + "/event", agent, h)[1]["queued"] == 1
+    assert http_post(source.url + "/event", agent, h)[0] == 401
+    # a newline after a node name: not a node of its own
+    nl = json.dumps({"node": "gpu1\n", "verdict": "unhealthy", "action": "reboot"}).encode()
+    assert http_post(source.url + "/event", nl, BEARER)[0] == 400
+    status, answer = http_post(source.url + "/alertmanager", am_body(alert("gpu2\n"), alert("gpu2", code="xid79\n")),
+                               BEARER)
+    # the alert for "gpu2\n" is dropped; the other keeps its node and loses the hostile code
+    assert status == 202 and answer["dropped"] == 1 and answer["queued"] == 1, answer
+    # bytes that are not UTF-8 in the Authorization header: 401, not a 500
+    assert raw_post(source.port, b"/alertmanager", b"Authorization: Bearer \xff\xfe\r\n", b"{}")[0] == 401
+    # JSON nested 100,000 deep: 400, not a RecursionError
+    assert http_post(source.url + "/event", b"[" * 100000 + b"]" * 100000, BEARER)[0] in (400, 413)
+    wait_for(lambda: len(source.events) == 2, 10, "two events")
+    time.sleep(0.3)
+    got = [e["gpufleet"] for e in source.events]
+    assert [e["node"] for e in got] == ["gpu1", "gpu2"] and got[1]["code"] is None, got
+
+
+def test_an_unauthenticated_body_is_never_waited_for(source):
+    """A request with no secret is refused before its body is read: a slow or huge body costs nothing."""
+    t0 = time.monotonic()
+    status, _text = raw_post(source.port, b"/alertmanager", b"Content-Length: 1000000\r\n", b"{")
+    assert status == 401 and time.monotonic() - t0 < 5
+
+
+def test_alerts_past_the_cap_are_dropped_and_counted():
+    source = start_source(max_alerts=2, max_body=65536)
+    try:
+        status, answer = http_post(source.url + "/alertmanager",
+                                   am_body(alert("gpu1"), alert("gpu2"), alert("gpu3"), alert("gpu4")), BEARER)
+        assert (status, answer["queued"], answer["dropped"]) == (202, 2, 2), answer
+    finally:
+        source.stop()
+
+
+def raw_post(port, path, extra_headers, body):
+    """(status, text) of a POST written by hand: headers urllib would refuse to send, a body that never comes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     + extra_headers + (b"" if b"Content-Length" in extra_headers else
+                                        b"Content-Length: %d\r\n" % len(body)) + b"\r\n" + body)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    line = data.split(b"\r\n", 1)[0].split()
+    return int(line[1]), data.decode("latin-1")
 
 
 def test_names_slurm_does_not_know_are_dropped_and_counted():

@@ -16,7 +16,9 @@ Each event put on the queue is ``{"gpufleet": {"kind": "alert"|"agent", "node", 
 "action", "severity", "received_at"}}``. Anything else is refused before it reaches a rule: a wrong or missing
 secret (401), a body that is not JSON or not the expected shape (400), a node name that is not a plain host name
 (the alert is dropped), a body over ``max_body`` bytes (413). Floods are deduplicated: one event per node per
-``dedupe_seconds`` (the rulebook adds its own throttle; the repair plan its budgets and breaker).
+``dedupe_seconds`` (the rulebook adds its own throttle; the repair plan its budgets and breaker). A request with
+neither a good bearer token nor a signature is refused before its body is read; a signed request is accepted once
+(a replay inside the ``max_skew`` window is refused); names and codes must match whole (no trailing newline).
 
 Every request is answered at once. A node Slurm does not know (the names ``known_nodes_command`` prints, read
 again at most every ``known_nodes_ttl`` seconds) is dropped and counted as ``unknown``: it would only start runs
@@ -35,8 +37,9 @@ Arguments (rulebook ``sources:``):
     dedupe_seconds: 300
     max_body: 1048576
     max_skew: 300
+    max_alerts: 1000           alerts read from one Alertmanager request; the rest are dropped and counted
     queue_timeout: 1           seconds to wait for room on the rulebook's queue before answering 503
-    known_nodes_command: [sinfo, -h, -o, "%n"]   prints the node names Slurm knows; [] accepts any name. When it
+    known_nodes_command: [sinfo, -h, -N, -o, "%N"]   prints the node names Slurm knows; [] accepts any name. When it
                                fails the names are not checked (logged), until the next read
     known_nodes_ttl: 60
 
@@ -59,8 +62,9 @@ from typing import Any, Dict, List, Optional, Tuple
 from aiohttp import web
 
 LOGGER = logging.getLogger("gpufleet.reliability.alert_webhook")
-NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-CODE_RE = re.compile(r"^[A-Za-z0-9_.:-]{0,64}$")
+# matched whole (fullmatch): with re.match and "$", "gpu17\n" passed as a node of its own
+NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", re.ASCII)
+CODE_RE = re.compile(r"[A-Za-z0-9_.:-]{0,64}", re.ASCII)
 ACTIONS = ("none", "monitor", "reset_gpu", "reboot", "reimage", "replace")
 
 
@@ -72,7 +76,7 @@ def _clean(value: Any, pattern=CODE_RE) -> Optional[str]:
     if value is None:
         return None
     text = str(value)
-    return text if pattern.match(text) else None
+    return text if pattern.fullmatch(text) else None
 
 
 class Receiver:
@@ -100,8 +104,10 @@ class Receiver:
         self.max_body = self._int(args, "max_body", 1 << 20, 1024, 64 << 20)
         self.max_skew = self._int(args, "max_skew", 300, 1, 86400)
         self.queue_timeout = self._int(args, "queue_timeout", 1, 0, 60)
+        self.max_alerts = self._int(args, "max_alerts", 1000, 1, 100000)
+        self.seen_signatures: Dict[str, float] = {}  # replay cache: signature -> when it stops being accepted
         self.known_ttl = self._int(args, "known_nodes_ttl", 60, 1, 86400)
-        cmd = args.get("known_nodes_command", ["sinfo", "-h", "-o", "%n"])
+        cmd = args.get("known_nodes_command", ["sinfo", "-h", "-N", "-o", "%N"])
         if not isinstance(cmd, list) or not all(isinstance(a, str) and a for a in cmd):
             raise ValueError(f"alert_webhook: known_nodes_command: expected a list of arguments, got {cmd!r}")
         self.known_cmd = list(cmd)
@@ -123,31 +129,57 @@ class Receiver:
         return value
 
     # ---- authentication ----------------------------------------------------------------------------------
+    @staticmethod
+    def _raw(value: str) -> bytes:
+        """A header as bytes, whatever it holds (aiohttp keeps undecodable bytes as surrogates)."""
+        return value.encode("utf-8", "surrogateescape")
+
+    def bearer_ok(self, headers) -> bool:
+        auth = self._raw(headers.get("Authorization", ""))
+        return bool(self.token) and auth.startswith(b"Bearer ") and \
+            hmac.compare_digest(auth[7:].strip(), self.token.encode())
+
+    def may_be_signed(self, headers, allow_hmac: bool) -> bool:
+        """Whether a request without a good bearer token may still be signed (read its body to check)."""
+        return allow_hmac and bool(self.hmac_secret) and "X-Gpufleet-Signature" in headers
+
     def authenticate(self, headers, body: bytes, allow_hmac: bool) -> bool:
-        auth = headers.get("Authorization", "")
-        if self.token and auth.startswith("Bearer ") and \
-                hmac.compare_digest(auth[7:].strip().encode(), self.token.encode()):
+        if self.bearer_ok(headers):
             return True
-        if allow_hmac and self.hmac_secret:
-            stamp = headers.get("X-Gpufleet-Timestamp", "")
-            sig = headers.get("X-Gpufleet-Signature", "")
-            try:
-                age = abs(self.clock() - float(stamp))
-            except ValueError:
-                return False
-            if not math.isfinite(age) or age > self.max_skew or not sig.startswith("sha256="):
-                return False
-            want = hmac.new(self.hmac_secret.encode(), stamp.encode() + b"." + body, hashlib.sha256).hexdigest()
-            return hmac.compare_digest(sig[7:].encode(), want.encode())
-        return False
+        if not self.may_be_signed(headers, allow_hmac):
+            return False
+        stamp = self._raw(headers.get("X-Gpufleet-Timestamp", ""))
+        sig = self._raw(headers.get("X-Gpufleet-Signature", ""))
+        now = self.clock()
+        try:
+            age = abs(now - float(stamp.decode("ascii")))
+        except (UnicodeDecodeError, ValueError):
+            return False
+        if not math.isfinite(age) or age > self.max_skew or not sig.startswith(b"sha256="):
+            return False
+        want = hmac.new(self.hmac_secret.encode(), stamp + b"." + body, hashlib.sha256).hexdigest().encode()
+        if not hmac.compare_digest(sig[7:], want):
+            return False
+        # a signature is good once: a replay inside the window (after a dedupe expiry, from a skewed signer) is
+        # refused; kept as long as its timestamp is accepted, and bounded
+        if len(self.seen_signatures) > 100000:
+            self.seen_signatures = {k: t for k, t in self.seen_signatures.items() if t > now}
+        key = want.decode()
+        if key in self.seen_signatures and self.seen_signatures[key] > now:
+            LOGGER.warning("alert_webhook: refused a replayed signed request")
+            return False
+        if len(self.seen_signatures) > 100000:  # still full of live signatures: refuse rather than forget one
+            return False
+        self.seen_signatures[key] = now + 2 * self.max_skew
+        return True
 
     # ---- payloads ------------------------------------------------------------------------------------------
     @staticmethod
     def _json(body: bytes) -> Dict[str, Any]:
         try:
             data = json.loads(body.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            raise BadRequest("body is not JSON")
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise BadRequest("body is not JSON (or nested too deep)")
         if not isinstance(data, dict):
             raise BadRequest("expected a JSON object")
         return data
@@ -157,8 +189,8 @@ class Receiver:
         alerts = data.get("alerts")
         if not isinstance(alerts, list) or not isinstance(data.get("version", "4"), str):
             raise BadRequest("not an Alertmanager webhook payload: 'alerts' must be a list")
-        events, dropped = [], 0
-        for a in alerts:
+        events, dropped = [], max(0, len(alerts) - self.max_alerts)
+        for a in alerts[: self.max_alerts]:
             labels = a.get("labels") if isinstance(a, dict) else None
             if not isinstance(labels, dict) or a.get("status") != "firing" or \
                     labels.get("gpufleet_repair") != "true":
@@ -214,7 +246,7 @@ class Receiver:
                                self.known_cmd, proc.returncode, err[:200].decode("utf-8", "replace").strip())
                 return None
             names = out[:16 << 20].decode("utf-8", "replace").split()
-            self._known = frozenset(n for n in names if NODE_RE.match(n))
+            self._known = frozenset(n for n in names if NODE_RE.fullmatch(n))
             return self._known
 
     async def put(self, events: List[Dict[str, Any]]) -> Dict[str, int]:
@@ -249,8 +281,13 @@ class Receiver:
         return counts
 
     async def handle(self, request: web.Request, kind: str) -> web.Response:
-        body = await request.read()
-        if not self.authenticate(request.headers, body, allow_hmac=(kind == "agent")):
+        allow_hmac = kind == "agent"
+        # no good bearer token and no signature: refused before the body is read (slow bodies cost nothing)
+        if not self.bearer_ok(request.headers) and not self.may_be_signed(request.headers, allow_hmac):
+            body = b""
+        else:
+            body = await request.read()
+        if not self.authenticate(request.headers, body, allow_hmac=allow_hmac):
             self.stats["refused"] += 1
             LOGGER.warning("alert_webhook: refused a request to /%s from %s: bad or missing secret",
                            "event" if kind == "agent" else "alertmanager", request.remote)
