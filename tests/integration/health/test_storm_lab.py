@@ -64,12 +64,15 @@ fake="$d/$node.fake.json"
 [[ -f "$fake" ]] || fake="$d/healthy.json"
 args+=(--fake-nvml "$fake")
 if [[ -f "$d/$node.kmsg" ]]; then args+=(--kmsg "$d/$node.kmsg"); else args+=(--kmsg -); fi
-{shlex.quote(str(AGENT))} "${{args[@]}}" >"$d/$node.last.json.tmp" 2>"$d/$node.last.err.tmp"
+out="$d/$node.out.$$" err="$d/$node.err.$$"
+{shlex.quote(str(AGENT))} "${{args[@]}}" >"$out" 2>"$err"
 rc=$?
-# the test reads these while checks run: each appears whole (a rename), never empty or half-written
-mv -f "$d/$node.last.err.tmp" "$d/$node.last.err"; mv -f "$d/$node.last.json.tmp" "$d/$node.last.json"
-tr -d '\\n' <"$d/$node.last.json" >>"$d/$node.history.jsonl"; echo >>"$d/$node.history.jsonl"
-cat "$d/$node.last.err" >>"$d/$node.err.log"
+# each run writes files of its own (two checks of one node may overlap on a loaded machine, and one run's output
+# must never replace the other's): its history line is its own report, appended in one write; the test reads
+# last.json while checks run, so it appears whole (a rename), never empty or half-written
+printf '%s\\n' "$(tr -d '\\n' <"$out")" >>"$d/$node.history.jsonl"
+cat "$err" >>"$d/$node.err.log"
+mv -f "$err" "$d/$node.last.err"; mv -f "$out" "$d/$node.last.json"
 echo "$(date +%s.%N) rc=$rc" >>"$d/$node.runs"
 exit 0
 """
