@@ -59,3 +59,12 @@ def atomic_write(
         except OSError:
             pass
         raise
+
+
+def differs(path: Union[str, os.PathLike[str]], text: str) -> bool:
+    """Whether the file at ``path`` does not hold exactly ``text`` (a file that cannot be read differs)."""
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as handle:
+            return handle.read() != text
+    except OSError:
+        return True

@@ -239,7 +239,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.reliability.plugins.module_utils.fileutil import atomic_write
+from ansible_collections.gpufleet.reliability.plugins.module_utils.fileutil import atomic_write, differs
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import BreakerState, RepairError, plan
 from ansible_collections.gpufleet.reliability.plugins.module_utils.runlock import RunLockBusy, acquire
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import SlurmError
@@ -334,14 +334,6 @@ def _stored_breaker(path: Optional[str], now: float) -> Tuple[Optional[Dict[str,
         why = getattr(exc, "strerror", None) or str(exc)[:200]
         return {}, _closed(f"breaker_state_file {path}: unreadable ({why})", BreakerState(), now)
     return brk.to_dict(), brk
-
-
-def _differs(path: str, text: str) -> bool:
-    try:
-        with open(path, encoding="utf-8", errors="surrogateescape") as fh:
-            return fh.read() != text
-    except OSError:
-        return True
 
 
 def _approvals(module: AnsibleModule) -> List[str]:
@@ -461,7 +453,7 @@ def main() -> None:
     if p["publish_dir"]:
         path = os.path.join(p["publish_dir"], "plan.json")
         text = json.dumps(out, indent=4, sort_keys=True) + "\n"
-        if _differs(path, text):
+        if differs(path, text):
             written.append(path)
             if not module.check_mode:
                 try:

@@ -98,17 +98,9 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.reliability.plugins.module_utils.fileutil import atomic_write
+from ansible_collections.gpufleet.reliability.plugins.module_utils.fileutil import atomic_write, differs
 from ansible_collections.gpufleet.reliability.plugins.module_utils.health.metrics import repair_text
 from ansible_collections.gpufleet.reliability.plugins.module_utils.runlock import release
-
-
-def _differs(path: str, text: str) -> bool:
-    try:
-        with open(path, encoding="utf-8", errors="surrogateescape") as handle:
-            return handle.read() != text
-    except OSError:
-        return True
 
 
 def main() -> None:
@@ -145,7 +137,7 @@ def main() -> None:
         if p[key] and not os.path.isdir(p[key]):
             module.fail_json(msg=f"{key}: expected an existing directory, got {p[key]}")
 
-    written = [path for path, text in files.items() if _differs(path, text + "\n")]
+    written = [path for path, text in files.items() if differs(path, text + "\n")]
     if not module.check_mode:
         for path in written:
             try:

@@ -70,6 +70,13 @@ class RepairLab:
     def inject(self, node, fault="xid48", cleared_by="reboot"):
         subprocess.run([sys.executable, str(FAKEGPU), "inject", str(self.dir), node, fault, cleared_by], check=True)
 
+    def sicken(self, nodes, fault="xid48", cleared_by="reset_gpu"):
+        """Inject ``fault`` on every node of ``nodes``, then wait until each one's agent has drained it."""
+        for node in nodes:
+            self.inject(node, fault, cleared_by)
+        for node in nodes:
+            self.drained_by_agent(node)
+
     def drained_by_agent(self, node, timeout=60):
         return self.lab.wait_for(node, lambda sr: sr[0] in ("drained", "draining") and sr[1].startswith("gpufleet:"),
                                  timeout=timeout)

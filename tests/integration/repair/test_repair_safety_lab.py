@@ -440,10 +440,7 @@ def test_a_breaker_trip_that_cannot_be_saved_still_holds_the_fleet(repair_lab):
     rl = repair_lab
     lab = rl.lab
     sick = lab.nodes[:2]
-    for n in sick:
-        rl.inject(n, "xid48", "reset_gpu")
-    for n in sick:
-        rl.drained_by_agent(n)
+    rl.sicken(sick)
     cfg = {"breaker": {"fraction": "50%", "min_nodes": 2, "window": "5m"}}
     held = "gpufleet: held (xid48): circuit breaker tripped, a person checks the fleet and resets it"
 
@@ -475,10 +472,7 @@ def test_below_min_healthy_fails_the_run_and_says_so(repair_lab):
     rl = repair_lab
     lab = rl.lab
     sick = lab.nodes[:2]
-    for n in sick:
-        rl.inject(n, "xid48", "reset_gpu")
-    for n in sick:
-        rl.drained_by_agent(n)
+    rl.sicken(sick)
     floor = {"blast_radius": {"max_unavailable": len(lab.nodes), "min_healthy": "75%"}}
     r, art = rl.run(ok=False, config=floor)
     summary = art["gpufleet_repair_summary"]
