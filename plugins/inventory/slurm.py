@@ -83,6 +83,15 @@ options:
     description: Seconds before a slurmrestd request fails.
     type: int
     default: 30
+  rest_retries:
+    description:
+      - With V(source=rest), how many times a request is tried again after slurmrestd answers C(502), C(503) or
+        C(504) (slurmrestd says C(502 Bad Gateway) while it cannot reach a busy or restarting slurmctld) or the
+        connection fails; 1, 2, 4, ... seconds apart. Any other HTTP error (a bad token, a wrong version) fails at
+        once.
+    type: int
+    default: 3
+    version_added: "0.4.0"
   validate_certs:
     description: With V(source=rest), verify the slurmrestd TLS certificate.
     type: bool
@@ -117,7 +126,9 @@ rest_api_version: v0.0.42
 
 import json
 import re
+import time
 from typing import Any, Dict, List, Mapping, Optional
+from urllib.error import HTTPError
 
 from ansible.errors import AnsibleParserError
 from ansible.module_utils.common.text.converters import to_native
@@ -133,6 +144,8 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import 
 )
 
 _BAD = re.compile(r"[^a-z0-9_]")
+# slurmrestd answers 502 while it cannot reach slurmctld; a proxy in front of it answers 503 or 504
+RETRIED_HTTP = (502, 503, 504)
 
 
 def group_name(*parts: Any) -> str:
@@ -187,13 +200,23 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         if missing:
             raise AnsibleParserError(f"slurm inventory: source=rest needs {', '.join(missing)}")
         full = f"{url.rstrip('/')}/slurm/{self.get_option('rest_api_version')}/nodes"
-        try:
-            resp = open_url(full, headers={"X-SLURM-USER-NAME": user, "X-SLURM-USER-TOKEN": token},
-                            timeout=self.get_option("rest_timeout"),
-                            validate_certs=self.get_option("validate_certs"))
-            text = to_native(resp.read())
-        except Exception as exc:  # noqa: BLE001 - urllib/HTTP errors of any kind
-            raise AnsibleParserError(f"slurm inventory: GET {full} failed: {to_native(exc)}")
+        retries = self.get_option("rest_retries")
+        if retries is None or retries < 0:
+            raise AnsibleParserError(f"slurm inventory: rest_retries: expected an integer >= 0, got {retries}")
+        for attempt in range(retries + 1):
+            try:
+                resp = open_url(full, headers={"X-SLURM-USER-NAME": user, "X-SLURM-USER-TOKEN": token},
+                                timeout=self.get_option("rest_timeout"),
+                                validate_certs=self.get_option("validate_certs"))
+                text = to_native(resp.read())
+                break
+            except Exception as exc:  # noqa: BLE001 - urllib/HTTP errors of any kind
+                # an HTTP answer other than a gateway error is final; so is the last try
+                final = isinstance(exc, HTTPError) and exc.code not in RETRIED_HTTP
+                if final or attempt == retries:
+                    tries = f" (after {attempt + 1} tries)" if attempt else ""
+                    raise AnsibleParserError(f"slurm inventory: GET {full} failed{tries}: {to_native(exc)}")
+                time.sleep(2 ** attempt)
         nodes = parse_nodes_json(text)
         wanted = self.get_option("nodes")
         if wanted:

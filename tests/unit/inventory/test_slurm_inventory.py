@@ -78,3 +78,82 @@ def test_local_hostlist_expansion():
     assert expand_hostlist_local("r[1-2]n[1-2]") == ["r1n1", "r1n2", "r2n1", "r2n2"]
     with pytest.raises(ValueError):
         expand_hostlist_local("gpu[3-1]")
+
+
+class _Slurmrestd:
+    """A loopback HTTP server that answers GET /slurm/<v>/nodes from a list of (status, body), then the last one."""
+
+    def __init__(self, answers):
+        import http.server
+        import threading
+
+        self.answers, self.requests = list(answers), []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - the http.server name
+                outer.requests.append((self.path, self.headers.get("X-SLURM-USER-TOKEN")))
+                status, body = outer.answers.pop(0) if len(outer.answers) > 1 else outer.answers[0]
+                data = body.encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+def rest_plugin(url, retries):
+    return plugin({"source": "rest", "rest_url": url, "rest_user": "slurm", "rest_token": "t0k",
+                   "rest_api_version": "v0.0.42", "rest_timeout": 10, "validate_certs": False,
+                   "rest_retries": retries})
+
+
+def test_rest_source_tries_a_gateway_error_again_and_then_reads_the_nodes():
+    good = (FIX / "sinfo-json-24.11.json").read_text()
+    server = _Slurmrestd([(502, '{"errors": [{"error": "Unable to contact slurm controller"}]}'), (200, good)])
+    try:
+        records = rest_plugin(server.url, retries=2)._fetch_rest()
+    finally:
+        server.close()
+    assert len(server.requests) == 2
+    assert server.requests[0] == ("/slurm/v0.0.42/nodes", "t0k")
+    assert sorted(r["name"] for r in records) == sorted(parse_nodes_json(good))
+
+
+def test_rest_source_gives_up_after_its_retries_and_says_how_many_tries():
+    from ansible.errors import AnsibleParserError
+
+    server = _Slurmrestd([(503, "{}")])
+    try:
+        with pytest.raises(AnsibleParserError, match=r"failed \(after 2 tries\): HTTP Error 503"):
+            rest_plugin(server.url, retries=1)._fetch_rest()
+    finally:
+        server.close()
+    assert len(server.requests) == 2
+
+
+def test_rest_source_fails_at_once_on_a_refused_token_and_a_bad_retries():
+    from ansible.errors import AnsibleParserError
+
+    server = _Slurmrestd([(401, '{"errors": [{"error": "Authentication failure"}]}')])
+    try:
+        with pytest.raises(AnsibleParserError, match=r"/nodes failed: HTTP Error 401"):
+            rest_plugin(server.url, retries=3)._fetch_rest()
+        with pytest.raises(AnsibleParserError, match=r"rest_retries: expected an integer >= 0, got -1"):
+            rest_plugin(server.url, retries=-1)._fetch_rest()
+    finally:
+        server.close()
+    assert len(server.requests) == 1
