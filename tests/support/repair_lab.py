@@ -31,6 +31,7 @@ class RepairLab:
         self.bin = tmp / "bin"
         self.hook_log = tmp / "hook.log"
         self.runs = 0
+        self.last: dict = {}  # the set_stats artifacts of the last run()
 
     # ---- set-up -------------------------------------------------------------------------------------------
     def install(self):
@@ -174,6 +175,7 @@ class RepairLab:
             if event.get("event") == "playbook_on_stats":
                 artifacts = event.get("event_data", {}).get("artifact_data") or {}
         r.output = r.stdout.read() if hasattr(r.stdout, "read") else ""
+        self.last = artifacts
         if ok is not None and (r.rc == 0) != ok:
             raise AssertionError(f"repair.yml rc={r.rc} status={r.status}, expected {'success' if ok else 'failure'}"
                                  f"\n{r.output[-6000:]}")

@@ -131,6 +131,7 @@ _TOP = (
     "lemon",
     "ladders",
     "modes",
+    "approval_for",
     "blast_radius",
     "breaker",
     "spares",
@@ -158,6 +159,8 @@ class RepairConfig:
     ladders: Dict[str, Tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_LADDERS))
     default_mode: str = "automatic"
     modes: Dict[str, str] = field(default_factory=dict)
+    # actions that wait for a person's approval in every mode: a replacement files an RMA and takes hardware away
+    approval_for: Tuple[str, ...] = ("replace",)
     max_unavailable: Limit = Limit(share=0.2)
     min_healthy: float = 0.51
     domain_limits: Dict[str, Limit] = field(default_factory=dict)
@@ -177,6 +180,11 @@ class RepairConfig:
 
     def mode_for(self, failure_class: Optional[str]) -> str:
         return self.modes.get(failure_class or "", self.default_mode)
+
+    def needs_approval(self, failure_class: Optional[str], action: str) -> bool:
+        """Whether ``action`` on a node of ``failure_class`` waits for a person: in approval mode, or when the
+        action is one of ``approval_for`` (a replacement, by default) in any mode."""
+        return self.mode_for(failure_class) == "approval" or action in self.approval_for
 
     def ladder_for(self, failure_class: str) -> Tuple[str, ...]:
         return self.ladders.get(failure_class, self.ladders.get("other", ("reboot",)))
@@ -249,6 +257,8 @@ class RepairConfig:
                 else:
                     modes[k] = v
             kw["modes"] = modes
+        if "approval_for" in top:
+            kw["approval_for"] = _action_list(top["approval_for"], "approval_for", REPAIR_STEPS)
         br = _mapping(
             top.get("blast_radius"), "blast_radius", ("max_unavailable", "min_healthy", "domains", "max_parallel")
         )
@@ -320,6 +330,7 @@ class RepairConfig:
             "lemon": {"incidents": self.lemon_incidents, "window": self.lemon_window_s, "action": self.lemon_action},
             "ladders": {k: list(v) for k, v in self.ladders.items()},
             "modes": dict({"default": self.default_mode}, **self.modes),
+            "approval_for": list(self.approval_for),
             "blast_radius": {
                 "max_unavailable": self.max_unavailable.to_value(),
                 "min_healthy": self.min_healthy,

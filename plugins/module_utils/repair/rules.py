@@ -167,13 +167,14 @@ def hook_key(node: str, incident: str, action: str) -> str:
 
 
 def gate(d: Decision, config: RepairConfig, approved: Approvals, now: float) -> Decision:
-    """Approval mode: a changing action runs only when (node, action, incident) was approved.
+    """Approval mode, and the actions of ``approval_for`` in any mode (a replacement, by default): a changing
+    action runs only when (node, action, incident) was approved.
 
     An escalation only records and hands the node to a person, so it runs at once, unless it brings a hot spare
     into service: that changes the partition, and in approval mode nothing changes before approval.
     """
     changes = d.action in CHANGING_ACTIONS or d.spare is not None
-    if changes and config.mode_for(d.failure_class) == "approval":
+    if changes and config.needs_approval(d.failure_class, d.action):
         key = (d.node, d.action, d.incident or "-")
         if key in approved:
             d.approved = True

@@ -48,10 +48,17 @@ def test_reset_then_reboot_then_resume_and_replace_with_spare(repair_lab):
     held = {d["node"]: d for d in first}[n1]
     assert (held["action"], held["rule"]) == ("hold", "not_ours")
 
-    # fault 2: the GPU fell off the bus and stays off: reboot, then replace through the hook, and the spare joins
+    # fault 2: the GPU fell off the bus and stays off: reboot, then a replacement, which waits for a person by
+    # default (approval_for: [replace]); approved, it goes through the hook and the spare joins
     rl.inject(n3, "xid79", "never")
     rl.drained_by_agent(n3)
-    rl.until(lambda: lab.node_states()[spare][0] == "idle", runs=4)
+    runs = rl.until(lambda: any(d["node"] == n3 and d["action"] == "replace" and d["needs_approval"]
+                                for d in rl.last["gpufleet_repair_plan"]["decisions"]), runs=4)
+    waiting = runs[-1]["gpufleet_repair_plan"]
+    assert waiting["pending_approval"] == [f"{n3}:replace:1"], waiting
+    assert rl.hook_calls() == [] and lab.node_states()[spare][0] != "idle"
+    _r, art = rl.run(node_repair_approvals=waiting["pending_approval"])
+    assert lab.wait_for(spare, "idle", timeout=20)[0] == "idle", art
     calls = rl.hook_calls()
     assert len(calls) == 1 and calls[0]["node"] == n3 and calls[0]["action"] == "replace", calls
     assert calls[0]["idempotency_key"].startswith("gpufleet-")

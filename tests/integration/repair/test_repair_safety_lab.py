@@ -236,7 +236,8 @@ def test_replacement_through_the_webhook_is_called_once(repair_lab):
         rl.drained_by_agent(n)
         hook = {"node_repair_hook_command": [], "node_repair_hook_url": f"http://127.0.0.1:{server.server_port}/rma",
                 "node_repair_hook_headers": {"Authorization": "Bearer lab-secret"}}
-        cfg = {"ladders": {"gpu_lost": ["replace"]}}
+        # automatic replacement, as a site that files RMAs without a person sets it (approval_for: [])
+        cfg = {"ladders": {"gpu_lost": ["replace"]}, "approval_for": []}
         r, art = rl.run(config=cfg, **hook)
         assert _decisions(art)[n]["action"] == "replace"
         assert len(_Hook.calls) == 1, _Hook.calls
@@ -277,7 +278,7 @@ def test_clean_slurmctld_start_loses_histories_and_the_next_incident_starts_afre
     rl = repair_lab
     lab = rl.lab
     n = lab.nodes[2]
-    cfg = {"ladders": {"gpu_lost": ["replace"]}, "spares": {"enabled": False}}
+    cfg = {"ladders": {"gpu_lost": ["replace"]}, "spares": {"enabled": False}, "approval_for": []}
     rl.inject(n, "xid79", "never")
     rl.drained_by_agent(n)
     rl.run(config=cfg)

@@ -86,7 +86,13 @@ def test_ladder(name, rep, steps, action, rule):
     assert (d.action, d.rule) == (action, rule), d.reason
     assert d.failure_class == cls
     if action in ("reset_gpu", "reboot", "reimage", "replace"):
-        assert d.runnable and not d.needs_approval
+        # a replacement waits for a person by default, in automatic mode too (approval_for: [replace])
+        assert d.runnable == (action != "replace") and d.needs_approval == (action == "replace")
+        if action == "replace":
+            assert d.reason.endswith(f"[waiting for approval node2:replace:{d.incident}]"), d.reason
+            d = one(node(rep=rep, history=hist(cls=cls, code="x", steps=steps) if steps else None),
+                    approvals=[("node2", "replace", d.incident)])
+            assert d.runnable and d.approved
         after = loads(d.history_after)
         assert after.incident.steps[-1].action == action and after.incident.steps[-1].outcome is None
         assert (NOW, action) in after.repairs

@@ -13,6 +13,7 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import
     FleetSummary,
     NodeState,
     RepairConfig,
+    RepairError,
     loads,
     plan,
 )
@@ -237,8 +238,26 @@ def test_start_step_writes_the_intent_calls_the_hook_and_takes_a_spare():
     after = loads(d.history_after)
     assert after.incident.pending().action == "replace" and after.incident.hooks == ["replace"]
     assert d.hook.idempotency_key == R.hook_key("node2", f"1@{NOW - H}", "replace")
-    assert d.spare.spare == "spare1" and c.limits.parallel == 1 and d.runnable
+    assert d.spare.spare == "spare1" and d.needs_approval and not d.runnable  # a replacement waits for a person
+    assert c.limits.parallel == 0  # and takes no slot while it waits
     assert loads(d.history).incident.pending() is None  # the bookkeeping history has no intent
+    c = case(node(history=hist()), config=RepairConfig.from_dict({"approval_for": []}), booked=True)
+    assert R.start_step(c, "replace", "ladder", "why").runnable and c.limits.parallel == 1
+
+
+def test_approval_for_gates_its_actions_in_automatic_mode():
+    config = RepairConfig.from_dict({"approval_for": ["reboot"]})
+    assert config.approval_for == ("reboot",) and RepairConfig().approval_for == ("replace",)
+    assert config.to_dict()["approval_for"] == ["reboot"]
+    d = R.start_step(case(node(history=hist()), config=config, booked=True), "reboot", "ladder", "why")
+    assert d.needs_approval and not d.runnable and "[waiting for approval node2:reboot:1]" in d.reason
+    d = R.start_step(case(node(history=hist()), config=config, booked=True), "reset_gpu", "ladder", "why")
+    assert d.runnable and not d.needs_approval
+    with pytest.raises(RepairError, match=r"approval_for\[0\]: expected one of reset_gpu, reboot, reimage, "
+                                          r"replace, got 'drain'"):
+        RepairConfig.from_dict({"approval_for": ["drain"]})
+    with pytest.raises(RepairError, match=r"approval_for: expected a list of actions"):
+        RepairConfig.from_dict({"approval_for": "replace"})
 
 
 def test_gate_waits_for_approval_of_a_changing_action():
