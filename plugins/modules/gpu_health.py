@@ -82,6 +82,14 @@ options:
       - File that carries counters and remembered severe kernel events between runs (written atomically, mode 0600).
         Without it every run judges one snapshot alone and counter rates are not evaluated.
     type: path
+  repaired_at:
+    description:
+      - Epoch seconds when a repair step (GPU reset, reboot) started that this check verifies. Kernel events dated at
+        or before it are what the step fixed - still in the kernel log after a GPU reset - and are neither judged
+        nor, with O(state_path), remembered; the state file keeps the time, so the node's agent reading the same
+        file forgets them too. Events after it still count.
+    type: float
+    version_added: "0.4.0"
   probe_deadline:
     description:
       - Seconds the NVML probe may take before it is abandoned and the verdict is V(unknown).
@@ -248,6 +256,7 @@ def main():
             fake_nvml=dict(type="path"),
             kmsg_path=dict(type="str"),
             state_path=dict(type="path"),
+            repaired_at=dict(type="float"),
             probe_deadline=dict(type="float", default=20.0),
             required_mounts=dict(type="list", elements="str", default=[]),
             disk_paths=dict(type="list", elements="path", default=["/", "/tmp"]),
@@ -280,7 +289,7 @@ def main():
         except OSError as exc:
             module.warn(f"kernel log not read (/dev/kmsg: {exc.strerror or exc}); judging without it")
     try:
-        report = judge(snap, lines, config=cfg, state=state)
+        report = judge(snap, lines, config=cfg, state=state, repaired_at=p["repaired_at"])
     except ValueError as exc:
         module.fail_json(msg=str(exc))
     if p["state_path"] and not module.check_mode:

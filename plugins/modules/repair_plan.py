@@ -159,7 +159,8 @@ plan:
     decisions:
       description: One decision per node that needs attention (node, action, reason, earliest, needs_approval,
         approved, runnable, verify, failure_class, incident, partition, code, gpu, spare, hook, history,
-        history_after, stored_history, rule, approval).
+        history_after, stored_history, rule, approval, slurm_reason, since - the start of the repair step a
+        verification after this decision checks).
       type: list
       elements: dict
     breaker:

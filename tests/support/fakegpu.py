@@ -6,9 +6,14 @@ replayed healthy H100 ``nvidia-smi -q -x`` capture, and the verdict comes from t
 
     fakegpu.py inject LAB NODE FAULT CLEARED_BY   FAULT: xid48 | xid79; CLEARED_BY: reset_gpu | reboot | never
     fakegpu.py agent LAB NODE        the lab's healthcheck.hook: agent with --slurm, report to $LAB/reports/NODE.json
-    fakegpu.py check LAB NODE        the agent without --slurm; writes the report and prints it (verification);
-                                     exits with the agent's status (0 healthy, 1 degraded, 2 unhealthy, 3 unknown)
+    fakegpu.py check LAB NODE [AGENT ARGS...]   the agent without --slurm; writes the report and prints it
+                                     (verification); exits with the agent's status (0 healthy, 1 degraded,
+                                     2 unhealthy, 3 unknown); AGENT ARGS (e.g. --repaired-at T) go to the agent
     fakegpu.py nvidia-smi LAB NODE ARGS...   a fake nvidia-smi for gpu_reset (-r clears reset_gpu faults)
+
+With the file LAB/faults/state-files present, ``agent`` and ``check`` share the node's state file
+(LAB/faults/NODE.state.json, under a lock as the gpu_health role's health check takes it), as the role's agent runs:
+severe events are remembered between runs.
 
 A reboot (the lab's RebootProgram restarts that node's slurmd) is noticed as a new slurmd PID and clears faults
 whose CLEARED_BY is reboot. Like the real agent, ``agent`` drains its own node with a ``gpufleet:`` reason and
@@ -17,6 +22,7 @@ never resumes anything.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -95,7 +101,7 @@ def report(lab: Path, node: str, drain: bool = False) -> dict:
     return _report(lab, node, drain)[0]
 
 
-def _report(lab: Path, node: str, drain: bool = False):
+def _report(lab: Path, node: str, drain: bool = False, extra=()):
     """Run the real node agent (gpufleet-health check) on the replayed GPUs and the node's fault lines."""
     f = current_fault(lab, node)
     kmsg = "-"
@@ -108,9 +114,19 @@ def _report(lab: Path, node: str, drain: bool = False):
             "--node", node]
     if drain:
         argv.append("--slurm")
+    argv += list(extra)
     env = dict(os.environ, SLURM_CONF=str(lab / "etc" / "slurm.conf"))
     env["PATH"] = env.get("PATH", "") + ":/usr/sbin:/usr/bin:/sbin:/bin"
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    lock = None
+    if (lab / "faults" / "state-files").exists():
+        argv += ["--state-file", str(lab / "faults" / f"{node}.state.json")]
+        lock = open(lab / "faults" / f"{node}.state.lock", "a")  # noqa: SIM115 - held for the agent's run
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    finally:
+        if lock is not None:
+            lock.close()
     try:
         data = json.loads(proc.stdout)
     except ValueError:
@@ -156,7 +172,7 @@ def main(argv) -> int:
     if cmd == "agent":
         return agent(lab, node)
     if cmd == "check":
-        data, rc = _report(lab, node)
+        data, rc = _report(lab, node, extra=argv[3:])
         sys.stdout.write(json.dumps(data) + "\n")
         return rc
     if cmd == "nvidia-smi":

@@ -79,6 +79,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--textfile", metavar="DIR", help="write Prometheus metrics for node_exporter's textfile dir")
     c.add_argument("--record", metavar="DIR", help="also save the snapshot and kernel log as a fixture")
     c.add_argument("--deadline", type=float, default=20.0, metavar="S", help="NVML probe deadline (default 20)")
+    c.add_argument("--repaired-at", type=float, metavar="EPOCH",
+                   help="this check verifies a repair step (GPU reset, reboot) that started then: kernel events up "
+                        "to that time are what it fixed; forgotten now and in later runs (kept in --state-file)")
     c.add_argument("--now", type=float, metavar="EPOCH", help=argparse.SUPPRESS)
     return p
 
@@ -332,7 +335,7 @@ def check(args: argparse.Namespace) -> int:
         snap.hostname = _hostname()
     lines, cursor = _kernel_lines(args, state, notes)
     try:
-        report = judge(snap, lines, config=cfg, state=state, now=args.now)
+        report = judge(snap, lines, config=cfg, state=state, now=args.now, repaired_at=args.repaired_at)
     except ValueError as exc:
         raise UsageError(str(exc))
     counters = metrics.update_counters(state.get("metrics"), snap, lines) if args.textfile else state.get("metrics")

@@ -3,6 +3,7 @@
 """judge(): snapshot + kernel lines + config + previous state -> Report (and the next state)."""
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
@@ -57,18 +58,32 @@ def _event_from_state(d: Mapping[str, Any]) -> Optional[KernelEvent]:
         return None
 
 
+def _repaired_at(stored: Any, given: Any, now: float) -> Optional[float]:
+    """The newest repair time, never later than now: the state's (ignored unless a finite number) and the
+    caller's (checked)."""
+    def ok(t: Any) -> bool:
+        return isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t >= 0
+
+    if given is not None and not ok(given):
+        raise ValueError(f"repaired_at: expected epoch seconds (a finite number >= 0), got {given!r}")
+    times = [float(t) for t in (stored, given) if ok(t)]
+    return min(max(times), now) if times else None
+
+
 def judge(snapshot: Union[None, Snapshot, Mapping[str, Any]] = None,
           kmsg_lines: Union[None, str, bytes, Iterable[Union[str, bytes, KernelEvent]]] = (),
           config: Union[None, Config, Mapping[str, Any]] = None,
           state: Union[None, Mapping[str, Any], str, os.PathLike[str]] = None,
-          now: Optional[float] = None) -> Report:
+          now: Optional[float] = None, repaired_at: Optional[float] = None) -> Report:
     """Judge one node.
 
     snapshot: Snapshot, its dict form, or None (kernel log only). kmsg_lines: text, lines or KernelEvent objects;
     None means "no kernel log either" (with no snapshot that is the verdict unknown, code no_data).
     config: mapping (see config.py) or Config. state: previous state dict (not modified), a path to a state file
     (read, then written atomically), or None (no state; or config ``state_path``). now: epoch seconds.
-    The next state is in ``report.state``.
+    repaired_at: epoch seconds when a repair step (GPU reset, reboot) started whose verification this check is:
+    kernel events dated at or before it are what the repair fixed, so they are neither judged nor remembered, now
+    or in later runs (the state keeps the newest such time). The next state is in ``report.state``.
     """
     cfg = config if isinstance(config, Config) else Config(config)
     now = time.time() if now is None else float(now)
@@ -90,6 +105,7 @@ def judge(snapshot: Union[None, Snapshot, Mapping[str, Any]] = None,
     else:
         raise ValueError(f"state: expected a mapping, a path or None, got {type(state).__name__}")
 
+    repaired = _repaired_at(prev.get("repaired_at"), repaired_at, now)
     catalog = _catalog(cfg)
     profiles = _profiles(cfg)
     ctx = Ctx(cfg, catalog, now, prev)
@@ -132,7 +148,7 @@ def judge(snapshot: Union[None, Snapshot, Mapping[str, Any]] = None,
             entry = None
         window = cfg.t["sticky_window_s"] if entry is not None and entry.sticky else cfg.t["event_window_s"]
         t_ev = ev.wallclock if ev.wallclock is not None else first_seen.get(ev.ident, now)
-        if ref - t_ev > window:
+        if ref - t_ev > window or (repaired is not None and t_ev <= repaired):
             continue
         in_view.append(ev)
         if entry is not None and (entry.sticky or entry.severity != "info" or ev.xid == 154 or
@@ -171,6 +187,8 @@ def judge(snapshot: Union[None, Snapshot, Mapping[str, Any]] = None,
         "events": keep[-_MAX_REMEMBERED:],
         "probe_timeouts": ctx.new_state_probe_timeouts,
     }
+    if repaired is not None:
+        new_state["repaired_at"] = repaired
     report = Report(findings=ctx.findings, hostname=cfg.hostname or (snapshot.hostname if snapshot else None),
                     checked_at=now, skipped=ctx.skipped, state=new_state)
     if state_path is not None:

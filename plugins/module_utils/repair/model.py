@@ -97,7 +97,9 @@ class Decision:
     ``hist`` is None when the field must not be written (not ours). ``history`` and ``history_after``
     are the same histories as Slurm stores them (text, written out on first read).
     ``slurm_reason`` is the reason to show in Slurm on a held node that we keep out of service (why it waits and
-    what a person does about it); None leaves the reason as it is.
+    what a person does about it); None leaves the reason as it is. ``since`` is the start of the repair step that
+    a health check after this decision verifies (the step started now, or the one in progress): kernel events up
+    to it are what the step repaired, and the verification tells the node's agent to forget them.
     """
 
     node: str
@@ -119,6 +121,7 @@ class Decision:
     hist_after: Optional[History] = field(default=None, repr=False)
     rule: str = ""
     slurm_reason: Optional[str] = None
+    since: Optional[int] = None
 
     @property
     def history(self) -> Optional[str]:

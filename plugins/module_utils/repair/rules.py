@@ -309,6 +309,7 @@ def in_progress(c: Case) -> Optional[Decision]:
             earliest=done_by,
             hist=hist,
             verify=check,
+            since=pending.started if check else None,
             **inc_kw(inc),
         )
     elif proved is not None and check and c.actionable and newer:
@@ -327,8 +328,9 @@ def in_progress(c: Case) -> Optional[Decision]:
         else:
             why = f"{pending.action} started at {pending.started}; no record that it ran; waiting, never judged " \
                   "without one"
-        return c.mk("wait", why, "in_progress", earliest=done_by, hist=hist, verify=check and proved is not None,
-                    **inc_kw(inc))
+        verify = check and proved is not None
+        return c.mk("wait", why, "in_progress", earliest=done_by, hist=hist, verify=verify,
+                    since=pending.started if verify else None, **inc_kw(inc))
     c.pending_before = pending  # for before(): the outcome set above replaced it
     c.limits.release(n)
     return None
@@ -679,7 +681,8 @@ def start_step(c: Case, step: str, rule: str, why: str) -> Decision:
         spare = c.limits.take_spare(n)
         if spare is not None:
             after.incident.spare = spare.spare or "?"
-    d = c.mk_inc(step, why, rule, hist=c.booked, hist_after=after, hook=hook, spare=spare)
+    d = c.mk_inc(step, why, rule, hist=c.booked, hist_after=after, hook=hook, spare=spare,
+                 since=after.incident.steps[-1].started)
     d = gate(d, config, c.approved, now)
     if d.runnable:
         c.limits.take_active(n, started_now=True)

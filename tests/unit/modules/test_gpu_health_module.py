@@ -42,6 +42,25 @@ def test_unhealthy_kmsg_replay_with_gpu_index(localhost, tmp_path):
     assert res["findings"][0]["evidence"][0].startswith("[Sun Feb 23")
 
 
+def test_repaired_at_forgets_what_the_step_fixed_and_keeps_what_came_after(localhost, tmp_path):
+    """The kernel log of a capture (events judged as of its newest line): an Xid dated before the repair step
+    started is what the step fixed; one after it still counts; the time is kept in the state file."""
+    k = tmp_path / "k.log"
+    line = ("[Sun Feb 23 16:24:18 2025] NVRM: Xid (PCI:0000:53:00): 119, pid=1, name=nvidia-smi, Timeout after "
+            "6s of waiting for RPC response from GPU4 GSP!\n")
+    k.write_text(line)
+    xml, state = str(FIX / "h100-8gpu-580.105.08-healthy.nvidia-smi-q-x.xml"), tmp_path / "state.json"
+    before, after = 1740327858 - 2 * 86400, 1740327858 + 2 * 86400  # the line: 2025-02-23 16:24:18 (any zone)
+    res = gpu_health(localhost, nvidia_smi_xml=xml, kmsg_path=str(k), state_path=str(state), repaired_at=after)
+    assert res.is_successful and res["verdict"] == "healthy", res
+    assert json.loads(state.read_text())["repaired_at"] == after
+    state.unlink()
+    res = gpu_health(localhost, nvidia_smi_xml=xml, kmsg_path=str(k), repaired_at=before)
+    assert res["code"] == "xid119", res
+    res = gpu_health(localhost, nvidia_smi_xml=xml, kmsg_path="-", repaired_at=-1)
+    assert res.is_failed and "repaired_at: expected epoch seconds" in res["msg"], res
+
+
 def test_text_replay_thresholds_and_skip(localhost):
     text = str(FIX / "h100-8gpu-535.183.01-gpu2-sw-power-cap-power-brake.nvidia-smi-q.txt")
     res = gpu_health(localhost, nvidia_smi_text=text, kmsg_path="-")

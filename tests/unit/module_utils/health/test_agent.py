@@ -144,6 +144,26 @@ def test_state_file_carries_rates(capsys, tmp_path):
     assert rc == 1 and json.loads(out)["code"] == "pcie_replay"
 
 
+def test_repaired_at_clears_the_agents_memory_in_its_state_file(capsys, tmp_path):
+    """The repair's verification runs the agent on its own state file with --repaired-at: the remembered Xid that
+    the repair fixed is gone for the agent's next run too (issue 27 case 3)."""
+    state, f, log = tmp_path / "state.json", tmp_path / "fake.json", tmp_path / "kmsg.log"
+    f.write_text("{}")
+    log.write_text("[  100.000000] NVRM: Xid (PCI:0000:19:00): 48, pid=1, name=x, An uncorrectable double bit error\n")
+    base = ["--fake-nvml", str(f), "--state-file", str(state), "--as-of", "now", "--json"]
+    rc, out, _err = run_main(capsys, *base, "--kmsg", str(log), "--now", "1000")
+    assert rc == 2 and json.loads(out)["code"] == "xid48"
+    rc, out, _err = run_main(capsys, *base, "--kmsg", "-", "--now", "1060")  # remembered
+    assert rc == 2 and json.loads(out)["code"] == "xid48"
+    rc, out, _err = run_main(capsys, *base, "--kmsg", "-", "--now", "1120", "--repaired-at", "1030")
+    assert rc == 0 and json.loads(out)["verdict"] == "healthy"
+    assert json.loads(state.read_text())["repaired_at"] == 1030
+    rc, out, _err = run_main(capsys, *base, "--kmsg", "-", "--now", "1180")
+    assert rc == 0 and json.loads(out)["verdict"] == "healthy"
+    rc, _out, err = run_main(capsys, *base, "--kmsg", "-", "--repaired-at", "inf")
+    assert rc == 64 and "repaired_at: expected epoch seconds" in err
+
+
 def test_live_kmsg_cursor_in_state(capsys, tmp_path):
     state = tmp_path / "state.json"
     f = tmp_path / "fake.json"

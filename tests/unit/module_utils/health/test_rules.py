@@ -184,6 +184,43 @@ def test_sticky_window_keeps_severe_events_in_view():
     assert r4.verdict == "healthy"
 
 
+def test_a_verified_repair_forgets_the_events_it_fixed():
+    """Issue 27 case 3: a verification of a repair that started at T (repaired_at) forgets kernel events up to T,
+    in this run and every later one; an event after T still counts; nothing else is forgotten."""
+    line = "NVRM: Xid (PCI:0000:10:00): 48, pid=1, name=x, An uncorrectable double bit error"
+    r1 = judge(node(), [line], now=1000)
+    assert r1.code == "xid48" and r1.state["events"]
+    # the agent alone remembers the severe Xid for its sticky window: a re-drain after the repair resumed the node
+    assert judge(node(), [], state=r1.state, now=1100).code == "xid48"
+    # the repair's verification: the reset started at 1050, after the event was first seen
+    r2 = judge(node(), [], state=r1.state, now=1100, repaired_at=1050)
+    assert r2.verdict == "healthy" and r2.state["events"] == [] and r2.state["repaired_at"] == 1050
+    # the agent's next run (no repaired_at of its own) keeps the repair's mark and stays healthy
+    r3 = judge(node(), [], state=r2.state, now=1160)
+    assert r3.verdict == "healthy" and r3.state["repaired_at"] == 1050
+    # an Xid after the repair started is not forgiven: the repair did not fix it
+    r4 = judge(node(), [line.replace("48,", "48, ") + " again"], state=r3.state, now=1200)
+    assert r4.code == "xid48"
+    # a repair time before the event forgets nothing; the newest mark wins; a future mark is capped at now
+    assert judge(node(), [], state=r1.state, now=1100, repaired_at=999).code == "xid48"
+    assert judge(node(), [], state=dict(r1.state, repaired_at=1050), now=1100, repaired_at=10).verdict == "healthy"
+    assert judge(node(), [], state=r1.state, now=1100, repaired_at=9e9).state["repaired_at"] == 1100
+
+
+@pytest.mark.parametrize("bad", [-1, True, "1050", float("nan"), float("inf")])
+def test_repaired_at_must_be_epoch_seconds(bad):
+    with pytest.raises(ValueError, match=r"repaired_at: expected epoch seconds \(a finite number >= 0\), got"):
+        judge(node(), [], now=1000, repaired_at=bad)
+
+
+@pytest.mark.parametrize("stored", [float("inf"), float("nan"), -5, "1e99", True, [1]])
+def test_a_state_file_mark_that_is_not_a_time_forgets_nothing(stored):
+    line = "NVRM: Xid (PCI:0000:10:00): 48, pid=1, name=x, An uncorrectable double bit error"
+    r1 = judge(node(), [line], now=1000)
+    r2 = judge(node(), [], state=dict(r1.state, repaired_at=stored), now=1100)
+    assert r2.code == "xid48" and "repaired_at" not in r2.state
+
+
 def test_dated_events_age_out_and_latest_mode():
     line = "2024-11-15T12:02:03,470068+00:00 NVRM: Xid (PCI:0000:19:00): 48, pid=1, name=x, DBE"
     assert judge(None, [line], now=2_000_000_000).verdict == "healthy"  # years old
