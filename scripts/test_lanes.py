@@ -47,6 +47,7 @@ class Step:
     target: str
     rc: int | None = None
     seconds: float = 0.0
+    cpu: float = 0.0  # CPU seconds of the step's processes (daemons they leave running are not counted)
     counts: dict = field(default_factory=dict)
 
 
@@ -77,6 +78,19 @@ def pytest_counts(text: str) -> dict:
 
 
 LOCK = threading.Lock()
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu() -> tuple[int, int] | None:
+    """(busy, total) clock ticks of all CPUs since boot, from /proc/stat; None where it cannot be read."""
+    try:
+        with open("/proc/stat", encoding="ascii") as fh:
+            ticks = [int(v) for v in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = sum(ticks[3:5])  # idle + iowait
+    total = sum(ticks[:8])  # guest time is already in user
+    return total - idle, total
 
 
 def say(msg: str) -> None:
@@ -94,7 +108,9 @@ def run_lane(lane: Lane) -> None:
             t0 = time.monotonic()
             lane.proc = subprocess.Popen(MAKE + [step.target], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
-            step.rc = lane.proc.wait()
+            _pid, status, usage = os.wait4(lane.proc.pid, 0)
+            step.rc = lane.proc.returncode = os.waitstatus_to_exitcode(status)
+            step.cpu = usage.ru_utime + usage.ru_stime
             step.seconds = time.monotonic() - t0
             log.flush()
             with open(lane.log, encoding="utf-8", errors="replace") as fh:
@@ -136,6 +152,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     t0 = time.monotonic()
+    busy0 = machine_cpu()
     say(f"make test: {len(lanes)} lanes side by side; logs in {LOGS.relative_to(REPO)}/")
     for lane in lanes:
         say(f"[{lane.name}] {' -> '.join(s.target for s in lane.steps)}")
@@ -149,16 +166,22 @@ def main(argv: list[str]) -> int:
             running = [lane.name for lane in lanes if lane.ended is None]
             say(f"... {(time.monotonic() - t0) / 60:.1f} min: still running: {', '.join(running)}")
     wall = time.monotonic() - t0
+    busy1 = machine_cpu()
 
-    say("\nlane          step               status  minutes  tests")
+    say("\nlane          step               status  minutes  CPU min  tests")
     total: dict[str, int] = {}
     for lane in lanes:
         for step in lane.steps:
             status = "-" if step.rc is None else ("ok" if step.rc == 0 else "FAILED")
             counts = ", ".join(f"{v} {k}" for k, v in step.counts.items()) or "-"
-            say(f"{lane.name:<13} {step.target:<18} {status:<7} {step.seconds / 60:7.1f}  {counts}")
+            say(f"{lane.name:<13} {step.target:<18} {status:<7} {step.seconds / 60:7.1f}  {step.cpu / 60:7.1f}  "
+                f"{counts}")
             for k, v in step.counts.items():
                 total[k] = total.get(k, 0) + v
+    if busy0 is not None and busy1 is not None and busy1[1] > busy0[1]:
+        busy, all_ = busy1[0] - busy0[0], busy1[1] - busy0[1]
+        say(f"the machine's CPUs were busy {100 * busy / all_:.0f} % of the time ({busy / CLK / 60:.1f} CPU-minutes "
+            f"of {all_ / CLK / 60:.1f}; daemons and everything else on the machine included)")
     say(f"wall time of make test's lanes: {wall / 60:.1f} min")
     failed_steps = sum(1 for lane in lanes for s in lane.steps if s.rc not in (0, None))
     not_run = sum(1 for lane in lanes for s in lane.steps if s.rc is None)

@@ -34,3 +34,17 @@ def test_every_lane_names_make_targets_that_exist():
     for steps in lanes.LANES.values():
         for target in steps:
             assert f"\n{target}:" in makefile, target
+
+
+def test_a_step_reports_its_status_tests_and_cpu_time(tmp_path, monkeypatch, capsys):
+    burn = "import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n" \
+           "print('2 passed, 1 failed in 0.3s')\nsys.exit(3)\n"
+    monkeypatch.setattr(lanes, "MAKE", [sys.executable, "-c", burn])
+    lane = lanes.Lane("x", [lanes.Step("target"), lanes.Step("never")], log=tmp_path / "x.log")
+    lanes.run_lane(lane)
+    step = lane.steps[0]
+    assert step.rc == 3 and step.counts == {"passed": 2, "failed": 1} and 0.25 <= step.cpu < 5, step
+    assert lane.steps[1].rc is None and not lane.ok  # a failed step ends the lane
+    assert "make target: FAILED (rc 3)" in capsys.readouterr().out
+    busy, total = lanes.machine_cpu()
+    assert 0 < busy <= total
