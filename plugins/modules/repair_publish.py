@@ -15,6 +15,10 @@ description:
     alert rules in C(monitoring/) read; the text of the C(gpufleet.reliability.repair_prometheus) filter).
   - Each file is replaced atomically (a temporary file in the same directory, then a rename) and only when its
     content differs; node_exporter never reads a half-written file.
+  - "With O(plan), also writes C(followup.json) to O(publish_dir), C({\"nodes\": {node: epoch second}}): when the
+    event loop should run again for a node without a new alert (a step that did not give the node back, a wait of
+    the policy's own; the rule is C(repair.followups)). The C(gpufleet.reliability.alert_webhook) event source reads
+    it (C(followup.json) in O(publish_dir) as its C(followup_file))."
   - Then frees the run lock O(lock_file) when this run holds it (a lock another run holds is left alone).
 author:
   - gpufleet.reliability contributors (@gpufleet)
@@ -90,6 +94,11 @@ lock_freed:
   description: Whether this run's lock was freed.
   returned: always
   type: bool
+followup:
+  description: When to run again for each node without a new alert (epoch seconds); empty without O(plan).
+  returned: always
+  type: dict
+  sample: {"node17": 1767571260}
 """
 
 import json
@@ -100,6 +109,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.fileutil import atomic_write, differs
 from ansible_collections.gpufleet.reliability.plugins.module_utils.health.metrics import repair_text
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.policy import followups
 from ansible_collections.gpufleet.reliability.plugins.module_utils.runlock import release
 
 
@@ -126,11 +136,14 @@ def main() -> None:
     if not 0 <= mode <= 0o7777:
         module.fail_json(msg=f"mode: expected an octal mode such as 0644, got {p['mode']!r}")
     files = {}
+    now = p["now"] if p["now"] is not None else time.time()
+    follow = followups((p["plan"] or {}).get("decisions") or [], p["results"], now) if p["plan"] else {}
     if p["publish_dir"]:
         files[os.path.join(p["publish_dir"], "result.json")] = json.dumps(p["results"], indent=4, sort_keys=True)
         files[os.path.join(p["publish_dir"], "summary.json")] = json.dumps(p["summary"], indent=4, sort_keys=True)
+        if p["plan"]:
+            files[os.path.join(p["publish_dir"], "followup.json")] = json.dumps({"nodes": follow}, sort_keys=True)
     if p["textfile_dir"]:
-        now = p["now"] if p["now"] is not None else time.time()
         files[os.path.join(p["textfile_dir"], "gpufleet_repair.prom")] = repair_text(
             p["plan"] or {}, p["breaker"], p["results"], now).rstrip("\n")
     for key in ("publish_dir", "textfile_dir"):
@@ -151,7 +164,7 @@ def main() -> None:
         except OSError as exc:
             module.fail_json(msg=f"lock_file: cannot free the run lock {p['lock_file']}: {exc}", written=written)
     # freeing our own lock is the end of the run, not a change to report
-    module.exit_json(changed=bool(written), written=written, lock_freed=freed)
+    module.exit_json(changed=bool(written), written=written, lock_freed=freed, followup=follow)
 
 
 if __name__ == "__main__":

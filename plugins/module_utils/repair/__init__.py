@@ -28,7 +28,7 @@ from .model import (
     RepairError,
     SpareMove,
 )
-from .policy import plan, retention
+from .policy import followups, plan, retention
 from .rules import proof, record_verification
 from .state import Counts, FleetSummary, NodeState
 
@@ -56,6 +56,7 @@ __all__ = [
     "breaker_threshold",
     "classify",
     "dumps",
+    "followups",
     "is_ours",
     "loads",
     "parse_duration",

@@ -30,6 +30,7 @@ the size of the fleet. Rules, in the order they apply to one node (docs/repair.m
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
@@ -235,3 +236,36 @@ def _problem(n: NodeState, problem: Tuple[str, str], config: RepairConfig, now: 
     if short:
         d.slurm_reason = held_reason(n, config, None, short)
     return d
+
+
+#: The least time between a run and the follow-up it asks for (a run takes about a minute; a tighter loop would
+#: only find the step still under way).
+FOLLOWUP_MIN_DELAY_S = 60
+
+
+def followups(decisions: Iterable[Mapping[str, Any]], results: Iterable[Mapping[str, Any]], now: float,
+              min_delay: float = FOLLOWUP_MIN_DELAY_S) -> Dict[str, int]:
+    """When a run should look at each node again without a new alert: ``{node: epoch second}``.
+
+    ``decisions`` are a plan's decisions and ``results`` a run's step results, as dicts (what a repair run
+    publishes). A node gets a follow-up when a step ran in this run and did not give the node back (it failed, or
+    its verification was not healthy: the ladder's next step is due), or when its decision waits for a time of our
+    own (a step in progress, the TTL, a draining node, the cooldown, the budget) - at that time, never sooner than
+    ``min_delay`` from now. A node waiting for a person (approval, escalation) or held (not ours, the breaker, a
+    limit) gets none: only a person or another node's repair changes that.
+    """
+    soon = int(now + min_delay)
+    out: Dict[str, int] = {}
+    for r in results:
+        node = r.get("node")
+        if isinstance(node, str) and node and r.get("action") != "resume" and not r.get("check_mode") and (
+                r.get("failed") or (r.get("verified") is not None and not r.get("resumed"))):
+            out[node] = soon
+    for d in decisions:
+        node, earliest = d.get("node"), d.get("earliest")
+        if (not isinstance(node, str) or not node or node in out or d.get("action") != "wait"
+                or d.get("needs_approval") or isinstance(earliest, bool) or not isinstance(earliest, (int, float))
+                or not math.isfinite(earliest)):
+            continue
+        out[node] = max(soon, int(earliest))
+    return out

@@ -273,9 +273,52 @@ def test_shipped_rulebooks_pass_ansible_rulebooks_own_schema_and_parser(tmp_path
     p = subprocess.run([eda_bin("python"), "-c", VALIDATE, *map(str, books)], capture_output=True, text=True,
                        timeout=120, check=False, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert "['Repair the node']" in p.stdout and "['Launch the repair job template']" in p.stdout
+    assert "['Repair the node', 'Follow up on a repair']" in p.stdout
+    assert "['Launch the repair job template']" in p.stdout
     broken = tmp_path / "broken.yml"
     broken.write_text(books[0].read_text().replace("run_playbook:", "run_playbok:"))
     p = subprocess.run([eda_bin("python"), "-c", VALIDATE, str(broken)], capture_output=True, text=True,
                        timeout=120, check=False, env=env)
     assert p.returncode != 0
+
+
+def _write(path, data):
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(data if isinstance(data, str) else json.dumps(data))
+    os.replace(tmp, path)  # as repair_publish writes it
+
+
+def test_followups_of_the_repair_run_are_queued_at_their_time_once(tmp_path):
+    """Issue 27 case 11: the repair run writes followup.json; the source queues each node at its time without a
+    new alert and without the dedupe (an alert for gpu1 was just queued), and only once per time written."""
+    ff = tmp_path / "followup.json"
+    s = start_source(followup_file=str(ff), followup_poll=1)
+    try:
+        assert http_post(s.url + "/alertmanager", am_body(alert("gpu1")), BEARER)[0] == 202
+        wait_for(lambda: len(s.events) == 1, 10, "the alert's event")
+        now = time.time()
+        _write(ff, {"nodes": {"gpu1": now - 1, "gpu2": now + 4, "ghost": now - 1}})
+        wait_for(lambda: len(s.events) == 2, 10, "gpu1's follow-up")
+        assert s.events[1]["gpufleet"]["kind"] == "followup" and s.events[1]["gpufleet"]["node"] == "gpu1"
+        wait_for(lambda: len(s.events) == 3, 15, "gpu2's follow-up at its time")
+        assert s.events[2]["gpufleet"]["node"] == "gpu2" and s.events[2]["gpufleet"]["received_at"] >= now + 4
+        time.sleep(2.5)
+        assert len(s.events) == 3  # each once; "ghost" is not a node Slurm knows
+        # hostile or broken files change nothing and stop nothing: a link, junk, a wrong shape, bad names/times
+        target = tmp_path / "elsewhere.json"
+        target.write_text(json.dumps({"nodes": {"gpu3": 0}}))
+        ff.unlink()
+        ff.symlink_to(target)
+        time.sleep(2.5)
+        for junk in ("{not json", json.dumps([1]), json.dumps({"nodes": []}),
+                     json.dumps({"nodes": {"gpu3\n": 0, "gpu3 x": 0, "gpu4": "soon", "gpu1": True}}),
+                     '{"nodes": {"gpu4": Infinity}}', "[" * 100000):
+            ff.unlink()
+            _write(ff, junk)
+            time.sleep(1.5)
+        assert len(s.events) == 3, s.events[3:]
+        _write(ff, {"nodes": {"gpu3": 0}})  # a genuine file after all that: the control
+        wait_for(lambda: len(s.events) == 4, 10, "gpu3's follow-up")
+        assert s.events[3]["gpufleet"]["node"] == "gpu3" and s.proc.poll() is None
+    finally:
+        s.stop()

@@ -88,12 +88,15 @@ def loop(lab, tmp_path, daemons, monkeypatch):
         lab.run("scontrol", "update", f"NodeName={','.join(lab.nodes)}", "Extra=", check=False)
 
 
-def start_rulebook(rl, config):
+def start_rulebook(rl, config, followups=False):
     inventory = {"all": {"hosts": {"localhost": {}}, "vars": rl.extravars(config)}}
     inv = rl.tmp / "eda-inventory.yml"
     inv.write_text(yaml.safe_dump(inventory))
     variables = rl.tmp / "eda-vars.yml"
-    variables.write_text(yaml.safe_dump({"gpufleet_eda_port": rl.eda_port}))
+    eda_vars = {"gpufleet_eda_port": rl.eda_port}
+    if followups:  # the run publishes to rl.tmp (node_repair_publish_dir)
+        eda_vars["gpufleet_eda_followup_file"] = str(rl.tmp / "followup.json")
+    variables.write_text(yaml.safe_dump(eda_vars))
     env = dict(os.environ, **rl._envvars())
     env["PATH"] = str(Path(eda_bin("ansible-rulebook")).parent) + ":" + env["PATH"]
     env["GPUFLEET_EDA_TOKEN"] = TOKEN
@@ -153,6 +156,33 @@ def test_alert_to_rulebook_to_repair_and_resume(loop):
                      f"webhook at the rulebook {t_event - t_drain:.1f} s; -> repair playbook started "
                      f"{t_runner - t_drain:.1f} s; -> plan published {t_plan - t_drain:.1f} s; -> GPU reset "
                      f"{t_reset - t_drain:.1f} s\n")
+
+
+def test_a_reset_that_did_not_help_is_followed_by_the_reboot_without_another_alert(loop):
+    """Issue 27 case 11: the reset's verification fails; the run's followup.json brings the next run (the reboot)
+    a minute later, although the agent's alerts are throttled for 5 minutes and Alertmanager repeats after 4 h."""
+    rl = loop
+    lab = rl.lab
+    n2 = lab.nodes[1]
+    start_rulebook(rl, None, followups=True)
+    rl.inject(n2, "xid48", "reboot")  # a GPU reset does not clear it; a reboot does
+    rl.drained_by_agent(n2)
+    wait_for(rl.resets, 180, "the rulebook's repair run to reset the GPU", interval=0.5)
+    follow = rl.tmp / "followup.json"
+    wait_for(lambda: follow.exists() and n2 in json.loads(follow.read_text())["nodes"], 120,
+             "the run's follow-up for the next step", interval=0.5)
+    t_reset = time.time()
+    wait_for(lambda: lab.node_states()[n2][0] == "idle", 240, f"{n2} rebooted, verified and resumed", interval=0.5)
+    took = time.time() - t_reset
+    assert len(rl.resets()) == 1 and len([ln for ln in rl.reboots() if f"node={n2}" in ln]) == 1, rl.reboots()
+    def log():
+        return (rl.tmp / "rulebook.log").read_text(errors="replace")
+    wait_for(lambda: log().count("Ansible runner rc:") >= 2, 120, "the follow-up run to end", interval=0.5)
+    runs = [ln for ln in log().splitlines() if "Creating action task action::run_playbook" in ln]
+    assert len(runs) == 2 and runs[0].endswith("::Repair the node"), runs  # the alert's run, then the follow-up
+    assert runs[1].endswith("::Follow up on a repair"), runs
+    sys.stdout.write(f"\nfollow-up: reset verified unhealthy -> rebooted and resumed {took:.0f} s later "
+                     "(without it: the next alert after the 5-minute throttle, or the schedule)\n")
 
 
 def test_approval_mode_waits_then_repair_by_hand(loop):

@@ -11,10 +11,14 @@ import sys
 from ansible_collections.gpufleet.reliability.plugins.module_utils.runlock import acquire, proc_stat
 from support.ansible_cli import run_module
 
-PLAN = {"decisions": [{"node": "node2", "action": "hold", "rule": "breaker", "runnable": False}],
-        "counts": {"hold": 1}}
+PLAN = {"decisions": [{"node": "node2", "action": "hold", "rule": "breaker", "runnable": False},
+                      {"node": "node4", "action": "wait", "rule": "ttl", "earliest": 1700000300.0,
+                       "needs_approval": False, "runnable": False}],
+        "counts": {"hold": 1, "wait": 1}}
 BREAKER = {"tripped": True, "since": 1.0, "reason": "4 nodes failed", "reset_at": None, "nodes": ["node2"]}
-RESULTS = [{"node": "node3", "action": "reset_gpu", "failed": False, "verified": "healthy"}]
+RESULTS = [{"node": "node3", "action": "reset_gpu", "failed": False, "verified": "healthy", "resumed": True},
+           {"node": "node5", "action": "reset_gpu", "failed": False, "verified": "unhealthy", "resumed": False}]
+FOLLOWUP = {"node4": 1700000300, "node5": 1700000060}  # the TTL's end; the next step of a reset that did not help
 SUMMARY = {"headline": "repair run: 1 repaired", "lines": ["node3: repaired"], "problems": []}
 
 
@@ -28,7 +32,7 @@ def test_writes_every_file_once_then_changes_nothing(tmp_path):
     (tmp_path / "pub").mkdir()
     (tmp_path / "prom").mkdir()
     files = [str(tmp_path / "pub" / "result.json"), str(tmp_path / "pub" / "summary.json"),
-             str(tmp_path / "prom" / "gpufleet_repair.prom")]
+             str(tmp_path / "pub" / "followup.json"), str(tmp_path / "prom" / "gpufleet_repair.prom")]
 
     ok, res = publish(tmp_path, check=True)
     assert ok and res["changed"] is True and res["written"] == files, res
@@ -38,6 +42,8 @@ def test_writes_every_file_once_then_changes_nothing(tmp_path):
     assert ok and res["changed"] is True and res["written"] == files and res["lock_freed"] is False, res
     assert json.loads((tmp_path / "pub" / "result.json").read_text()) == RESULTS
     assert json.loads((tmp_path / "pub" / "summary.json").read_text()) == SUMMARY
+    assert json.loads((tmp_path / "pub" / "followup.json").read_text()) == {"nodes": FOLLOWUP}
+    assert res["followup"] == FOLLOWUP
     prom = (tmp_path / "prom" / "gpufleet_repair.prom").read_text()
     assert "gpufleet_repair_breaker_open 1" in prom and 'gpufleet_repair_decisions{action="hold"} 1' in prom
     assert "\ngpufleet_repair_last_run_timestamp_seconds 1700000000.0\n" in prom, prom
@@ -48,7 +54,8 @@ def test_writes_every_file_once_then_changes_nothing(tmp_path):
     assert ok and res["changed"] is False and res["written"] == [], res  # run twice: nothing to do
 
     ok, res = publish(tmp_path, results=[])
-    assert ok and res["written"] == [files[0], files[2]], res  # only what differs (the metrics count the steps)
+    assert ok and res["written"] == [files[0], files[2], files[3]], res  # only what differs
+    assert res["followup"] == {"node4": 1700000300}
 
 
 def test_bad_input_names_the_field_and_writes_nothing(tmp_path):

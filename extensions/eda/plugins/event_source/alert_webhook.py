@@ -42,6 +42,14 @@ Arguments (rulebook ``sources:``):
     known_nodes_command: [sinfo, -h, -N, -o, "%N"]   prints the node names Slurm knows; [] accepts any name. When it
                                fails the names are not checked (logged), until the next read
     known_nodes_ttl: 60
+    followup_file: ""          the repair run's <node_repair_publish_dir>/followup.json: each node in it becomes an
+                               event of kind "followup" at its time (a step that needs a next step, a wait that
+                               ends), without waiting for another alert; "" = none
+    followup_poll: 5           seconds between two looks at followup_file
+
+A follow-up is queued once per time the repair run wrote for the node (not deduplicated: it is the run asking for
+the next one); a newer file replaces the schedule; a file that cannot be read or is not the expected shape is
+logged and leaves the schedule as it was.
 
 At least one of token / hmac_secret must be set: the source refuses to start without a secret.
 """
@@ -56,6 +64,7 @@ import logging
 import math
 import os
 import re
+import stat
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -115,7 +124,15 @@ class Receiver:
         self._known_at: Optional[float] = None
         self._known_lock = asyncio.Lock()
         self.last: Dict[str, float] = {}
-        self.stats = {"queued": 0, "deduplicated": 0, "dropped": 0, "refused": 0, "unknown": 0, "busy": 0}
+        self.stats = {"queued": 0, "deduplicated": 0, "dropped": 0, "refused": 0, "unknown": 0, "busy": 0,
+                      "followups": 0}
+        ff = args.get("followup_file") or ""
+        if not isinstance(ff, str):
+            raise ValueError(f"alert_webhook: followup_file: expected a path, got {ff!r}")
+        self.followup_file = ff
+        self.followup_poll = self._int(args, "followup_poll", 5, 1, 3600)
+        self.followups: Dict[str, float] = {}  # node -> when to queue its follow-up
+        self._followup_seen: Optional[Tuple[int, int, int]] = None  # (inode, size, mtime_ns) of the file read
 
     @staticmethod
     def _int(args, key, default, lo, hi) -> int:
@@ -280,6 +297,74 @@ class Receiver:
             self.last = {n: t for n, t in self.last.items() if t >= cutoff}
         return counts
 
+    # ---- follow-ups the repair run asks for ------------------------------------------------------------------
+    def read_followups(self) -> None:
+        """Take the schedule from ``followup_file`` when it changed (a file under 1 MiB, not a link:
+        ``{"nodes": {node: epoch seconds}}``)."""
+        try:
+            fd = os.open(self.followup_file, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            LOGGER.warning("alert_webhook: followup_file %s: %s", self.followup_file, exc.strerror or exc)
+            return
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            seen = (st.st_ino, st.st_size, st.st_mtime_ns)
+            if seen == self._followup_seen:
+                return
+            self._followup_seen = seen
+            if not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 20:
+                LOGGER.warning("alert_webhook: followup_file %s: not a regular file under 1 MiB; ignored",
+                               self.followup_file)
+                return
+            raw = fh.read(1 << 20)
+        try:
+            nodes = self._json(raw).get("nodes")
+        except BadRequest:
+            nodes = None
+        if not isinstance(nodes, dict):
+            LOGGER.warning("alert_webhook: followup_file %s: expected {\"nodes\": {node: time}}; ignored",
+                           self.followup_file)
+            return
+        schedule = {}
+        for node, at in list(nodes.items())[: self.max_alerts]:
+            if isinstance(node, str) and NODE_RE.fullmatch(node) and isinstance(at, (int, float)) and \
+                    not isinstance(at, bool) and math.isfinite(at):
+                schedule[node] = float(at)
+        self.followups = schedule
+
+    async def put_followups(self) -> int:
+        """Queue the follow-ups that are due (not deduplicated); one the queue has no room for stays scheduled."""
+        now = self.clock()
+        due = [n for n, at in self.followups.items() if at <= now]
+        if not due:
+            return 0
+        known = await self.known_nodes()
+        queued = 0
+        for node in due:
+            if known is not None and node not in known:
+                self.followups.pop(node, None)
+                self.stats["unknown"] += 1
+                continue
+            ev = {"kind": "followup", "node": node, "alertname": None, "code": None, "gpu": None, "action": None,
+                  "severity": None, "received_at": now}
+            try:
+                await asyncio.wait_for(self.queue.put({"gpufleet": ev}), timeout=self.queue_timeout or 0.001)
+            except asyncio.TimeoutError:
+                break  # the queue is full: the rest stay scheduled for the next look
+            self.followups.pop(node, None)
+            self.last[node] = now
+            queued += 1
+        self.stats["followups"] += queued
+        return queued
+
+    async def followup_loop(self) -> None:
+        while True:
+            self.read_followups()
+            await self.put_followups()
+            await asyncio.sleep(self.followup_poll)
+
     async def handle(self, request: web.Request, kind: str) -> web.Response:
         allow_hmac = kind == "agent"
         # no good bearer token and no signature: refused before the body is read (slow bodies cost nothing)
@@ -326,9 +411,12 @@ async def main(queue, args: Dict[str, Any]):
     site = web.TCPSite(runner, receiver.host, receiver.port)
     await site.start()
     LOGGER.info("alert_webhook: listening on %s:%s", receiver.host, receiver.port)
+    follow = asyncio.ensure_future(receiver.followup_loop()) if receiver.followup_file else None
     try:
         await asyncio.Future()
     finally:
+        if follow is not None:
+            follow.cancel()
         await runner.cleanup()
 
 
