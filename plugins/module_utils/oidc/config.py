@@ -96,6 +96,7 @@ class OIDCConfig:
     required_typ: List[str] = field(default_factory=list)
     allowed_azp: List[str] = field(default_factory=list)
     max_token_age: Optional[int] = None
+    max_token_lifetime: int = 86400  # exp at most this far ahead of now (and of iat): no token for ever
     acr_values: List[str] = field(default_factory=list)
     allowed_domains: List[str] = field(default_factory=list)
     min_uid: int = 1000
@@ -280,7 +281,7 @@ def parse_config(data: Any) -> OIDCConfig:
         kw["algorithms"] = algs
     for k, lo in (("leeway", 0), ("max_token_bytes", 256), ("jwks_ttl", 1), ("metadata_ttl", 1),
                   ("max_stale", 0), ("min_refresh_interval", 0), ("device_timeout", 1), ("min_uid", 1),
-                  ("max_uid", 1)):
+                  ("max_uid", 1), ("max_token_lifetime", 60)):
         if k in data:
             kw[k] = _int(k, data[k], lo)
     if kw.get("max_uid", 60000) < kw.get("min_uid", 1000):

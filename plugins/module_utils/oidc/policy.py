@@ -85,7 +85,10 @@ def claim_groups(cfg: OIDCConfig, claims: Dict[str, Any]) -> List[str]:
 
 def check_groups(cfg: OIDCConfig, claims: Dict[str, Any]) -> None:
     groups = set(claim_groups(cfg, claims))
-    denied = groups & set(cfg.denied_groups)
+    # a denial is case-blind (an IdP that spells "Contractors" differently must not let a denied user in); an
+    # allowance is exact (a look-alike group never grants access)
+    deny = {g.casefold() for g in cfg.denied_groups}
+    denied = {g for g in groups if g.casefold() in deny}
     if denied:
         raise NotAuthorised(f"member of denied group {sorted(denied)[0]!r}")
     allowed = set(cfg.allowed_groups)

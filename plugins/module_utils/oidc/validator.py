@@ -190,6 +190,16 @@ class TokenValidator:
         if wrong:
             raise TokenRejected(wrong)
 
+        exp, iat = claims["exp"], claims["iat"]
+        if exp - now > cfg.max_token_lifetime + cfg.leeway or exp - iat > cfg.max_token_lifetime + cfg.leeway:
+            raise TokenRejected(f"token lifetime longer than max_token_lifetime ({cfg.max_token_lifetime} s)")
+        aud = claims.get("aud")
+        if cfg.validate_token == "id_token" and isinstance(aud, list):
+            # OIDC Core 3.1.3.7 (3): an ID token with audiences the client does not trust is rejected, unless the
+            # authorised party is one of ours (then the extra audiences are the IdP's business)
+            extra = [a for a in aud if a not in cfg.audiences]
+            if extra and claims.get("azp") not in cfg.audiences:
+                raise TokenRejected(f"ID token for other audiences too ({str(extra[0])[:60]!r}) and azp is not ours")
         if cfg.allowed_azp:
             azp = claims.get("azp", claims.get("client_id"))
             aud = claims.get("aud")

@@ -109,6 +109,12 @@ def test_user_mapping_refusals(make_cfg, over, claims, msg):
     ({"allowed_groups": ["hpc-users", "gpu"], "groups_match": "all"}, ["gpu", "hpc-users", "x"], True),
     ({"allowed_groups": ["hpc-users", "gpu"]}, ["gpu"], True),
     ({"denied_groups": ["suspended"]}, ["hpc-users", "suspended"], False),
+    # a denial is case-blind: an IdP spelling the group otherwise must not let a denied user in
+    ({"denied_groups": ["suspended"]}, ["hpc-users", "Suspended"], False),
+    ({"denied_groups": ["Contractors"]}, ["hpc-users", "CONTRACTORS"], False),
+    ({"denied_groups": ["suspended"]}, ["hpc-users", "suspended-not"], True),
+    # an allowance is exact: a look-alike group never grants access
+    ({}, ["HPC-Users"], False),
 ])
 def test_group_gate(make_cfg, over, groups, ok):
     claims = {"preferred_username": "alice", "groups": groups}

@@ -135,3 +135,37 @@ def test_algorithm_not_in_allow_list(seeded, private_jwks):
     with pytest.raises(TokenRejected, match="algorithm not allowed: 'RS256'"):
         v.validate(sign(private_jwks, claims_for(ISSUER, AUD), "rs-1"))
     assert v.validate(sign(private_jwks, claims_for(ISSUER, AUD), "es-1"))
+
+
+def test_a_token_for_ever_is_refused_and_the_limit_is_the_sites(seeded, private_jwks):
+    """exp 1e308 was accepted: the lifetime (from now and from iat) is capped at max_token_lifetime (24 h)."""
+    cfg, cache = seeded()
+    v = TokenValidator(cfg, cache)
+    now = int(time.time())
+    assert cfg.max_token_lifetime == 86400
+    assert v.validate(sign(private_jwks, claims_for(ISSUER, AUD, iat=now, exp=now + 86400)))  # the control
+    for exp, iat in ((1e308, now), (now + 86400 + 61 + 5, now), (now + 3600, now - 90000)):
+        with pytest.raises(TokenRejected, match=r"token lifetime longer than max_token_lifetime \(86400 s\)"):
+            v.validate(sign(private_jwks, claims_for(ISSUER, AUD, iat=iat, exp=exp)))
+    cfg, cache = seeded(max_token_lifetime=600)
+    with pytest.raises(TokenRejected, match="max_token_lifetime"):
+        TokenValidator(cfg, cache).validate(sign(private_jwks, claims_for(ISSUER, AUD, iat=now, exp=now + 3600)))
+
+
+def test_an_id_token_for_untrusted_audiences_too_is_refused_unless_azp_is_ours(seeded, private_jwks):
+    """OIDC Core 3.1.3.7 (3): extra audiences the client does not trust reject an ID token, unless azp is ours.
+    Access tokens keep the list match (IdPs add their own APIs to an access token's aud)."""
+    cfg, cache = seeded(validate_token="id_token")
+    v = TokenValidator(cfg, cache)
+
+    def id_token(claims):
+        return sign(private_jwks, claims, header={"typ": "JWT"})
+
+    assert v.validate(id_token(claims_for(ISSUER, [AUD])))  # the control: only ours
+    with pytest.raises(TokenRejected, match=r"ID token for other audiences too \('urn:evil'\) and azp is not ours"):
+        v.validate(id_token(claims_for(ISSUER, [AUD, "urn:evil"])))
+    with pytest.raises(TokenRejected, match="azp is not ours"):
+        v.validate(id_token(claims_for(ISSUER, [AUD, "urn:evil"], azp="urn:evil")))
+    assert v.validate(id_token(claims_for(ISSUER, [AUD, "urn:api"], azp=AUD)))
+    cfg, cache = seeded()  # access tokens
+    assert TokenValidator(cfg, cache).validate(sign(private_jwks, claims_for(ISSUER, [AUD, "urn:api"])))
