@@ -21,6 +21,7 @@ three time stamps:
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -83,21 +84,54 @@ def open_private_dir(path: str, create: Literal[True]) -> int: ...
 def open_private_dir(path: str, create: bool = False) -> Optional[int]: ...
 
 
+def _makedirs(path: str) -> None:
+    """Create ``path`` 0700 and its missing parents 0755 (os.makedirs gives parents 0777 less the umask, which is
+    world-writable under umask 000)."""
+    missing = []
+    head = os.path.abspath(path)
+    while not os.path.lexists(head):
+        missing.append(head)
+        head = os.path.dirname(head)
+    for i, d in enumerate(reversed(missing)):
+        final = i == len(missing) - 1
+        try:
+            os.mkdir(d, 0o700 if final else 0o755)
+        except FileExistsError:
+            continue  # made meanwhile: checked like any other below
+        os.chmod(d, 0o700 if final else 0o755)  # the umask may have taken bits away; it never adds any
+
+
 def open_private_dir(path: str, create: bool = False) -> Optional[int]:
     """A descriptor of the cache directory after checking, on that descriptor, that it is a directory of ours and
-    not group/other-writable (else :class:`ConfigError`). None when it does not exist and ``create`` is false."""
+    not group/other-writable (else :class:`ConfigError`). None when it does not exist and ``create`` is false.
+
+    The directory itself is never reached through a symbolic link (a link planted in its place, pointing at a
+    directory of ours such as /etc, would pass the owner check), and its parent must not be writable by others
+    without the sticky bit (else the directory could be swapped). Missing parents are created 0755, whatever the
+    umask adds, and the directory 0700."""
     try:
         if create:
-            os.makedirs(path, mode=0o700, exist_ok=True)
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            _makedirs(path)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except FileNotFoundError:
         if not create:
             return None
         raise ConfigError("jwks_cache_dir", f"cannot create {path}: no such file or directory")
-    except NotADirectoryError:
-        raise ConfigError("jwks_cache_dir", f"{path} is not a directory")
-    except OSError as e:
+    except (NotADirectoryError, OSError) as e:
+        if os.path.islink(path) or e.errno == errno.ELOOP:  # Linux says ENOTDIR for O_DIRECTORY | O_NOFOLLOW
+            raise ConfigError("jwks_cache_dir", f"{path} is a symbolic link; give the directory itself")
+        if isinstance(e, NotADirectoryError):
+            raise ConfigError("jwks_cache_dir", f"{path} is not a directory")
         raise ConfigError("jwks_cache_dir", f"cannot {'create' if create else 'open'} {path}: {e.strerror}")
+    try:
+        pst = os.stat(os.path.dirname(os.path.abspath(path)))
+    except OSError as e:
+        os.close(fd)
+        raise ConfigError("jwks_cache_dir", f"cannot read the parent of {path}: {e.strerror}")
+    if pst.st_mode & 0o002 and not pst.st_mode & stat.S_ISVTX:
+        os.close(fd)
+        raise ConfigError("jwks_cache_dir", f"the parent of {path} is writable by everyone (mode "
+                                            f"{pst.st_mode & 0o777:o}) without the sticky bit")
     try:
         st = os.fstat(fd)
         if st.st_uid != os.geteuid():

@@ -44,6 +44,41 @@ def test_cache_dir_that_is_a_file_refused(make_cfg, tmp_path):
         JWKSCache.from_config(make_cfg()).get_state()
 
 
+def test_a_link_planted_as_the_cache_dir_is_not_followed(seeded, private_jwks, tmp_path):
+    """Issue 26: a symbolic link in the cache directory's place, pointing at a directory of ours (as /etc is
+    root's), passed the owner check; the directory is opened with O_NOFOLLOW now."""
+    cfg, cache = seeded()
+    good = sign(private_jwks, claims_for(ISSUER, AUD))
+    assert TokenValidator(cfg, JWKSCache.from_config(cfg)).validate(good)  # the control
+    ours = tmp_path / "ours"
+    os.rename(cfg.jwks_cache_dir, ours)
+    os.symlink(ours, cfg.jwks_cache_dir)
+    with pytest.raises(ConfigError, match="is a symbolic link; give the directory itself") as ei:
+        TokenValidator(cfg, JWKSCache.from_config(cfg)).validate(good)
+    assert ei.value.key == "jwks_cache_dir"
+
+
+def test_a_cache_dir_in_a_world_writable_parent_without_sticky_bit_is_refused(make_cfg, tmp_path):
+    parent = tmp_path / "open"
+    parent.mkdir()
+    os.chmod(parent, 0o777)
+    with pytest.raises(ConfigError, match="writable by everyone .* without the sticky bit"):
+        JWKSCache.from_config(make_cfg(jwks_cache_dir=str(parent / "cache"))).seed({"keys": []})
+    os.chmod(parent, 0o1777)  # /tmp-like: the control
+    JWKSCache.from_config(make_cfg(jwks_cache_dir=str(parent / "cache"))).seed({"keys": []})
+
+
+def test_missing_parents_are_made_0755_under_umask_000(make_cfg, tmp_path):
+    target = tmp_path / "a" / "b" / "cache"
+    old = os.umask(0)
+    try:
+        JWKSCache.from_config(make_cfg(jwks_cache_dir=str(target))).seed({"keys": []})
+    finally:
+        os.umask(old)
+    modes = [os.stat(p).st_mode & 0o777 for p in (tmp_path / "a", tmp_path / "a" / "b", target)]
+    assert modes == [0o755, 0o755, 0o700], [oct(m) for m in modes]
+
+
 def test_symlinked_cache_file_not_followed(seeded, tmp_path):
     cfg, cache = seeded()
     attacker = make_private_jwks(9)
