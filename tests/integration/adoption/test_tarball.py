@@ -14,7 +14,7 @@ from adoption_helpers import REPO, build_tarball, tarball_files
 # Tracked files that are development machinery, not the collection (galaxy.yml: in MANIFEST.json; tests/thirdparty
 # and benchmarks/thirdparty: third-party software the test suite and the benchmarks run).
 NOT_SHIPPED_TRACKED = (".gitignore", ".ansible-lint", ".ci/", "galaxy.yml", "tests/thirdparty/",
-                       "benchmarks/thirdparty/")
+                       "benchmarks/thirdparty/", "changelogs/fragments/")  # fragments: unreleased notes
 
 # What a checkout grows after `make setup`, `make demo`, `make test` and ansible-test, at several depths.
 GROWN = [
@@ -78,8 +78,12 @@ def test_tarball_of_this_checkout_has_only_tracked_files(installed_collection):
     shipped = installed_collection.files
     assert shipped == expected_files(tracked_files())
     for must in ("meta/runtime.yml", "plugins/modules/gpu_health.py", "roles/gpu_health/tasks/main.yml",
-                 "playbooks/repair.yml", "README.md", "LICENSE"):
+                 "playbooks/repair.yml", "README.md", "LICENSE", "changelogs/changelog.yaml"):
         assert must in shipped, must
+    assert not [f for f in shipped if f.startswith("changelogs/fragments/")]  # unreleased notes stay home
+    manifest = json.loads((installed_collection.path / "MANIFEST.json").read_text())["collection_info"]
+    for key in ("repository", "documentation", "homepage", "issues"):  # Galaxy links these; empty was an issue
+        assert (manifest.get(key) or "").startswith("https://"), (key, manifest.get(key))
 
 
 def test_installed_collection_answers_from_the_project(installed_collection):
