@@ -125,6 +125,7 @@ def test_profile_on_copies_is_idempotent_and_check_mode_writes_nothing(tmp_path,
     report = tasks["Report that a restart is needed"][0]
     assert "AutoDetect" in report["msg"]
     assert tasks["Reconfigure slurm"][0]["_event"] == "runner_on_skipped"
+    assert "scontrol reconfigure" in tasks["Say that a reconfigure is pending"][0]["msg"]  # and says so
     backups = sorted(p.name for p in files.iterdir() if p.name.endswith("~"))
     assert len(backups) == 2 and backups[0].startswith("gres.conf.") and backups[1].startswith("slurm.conf.")
 
@@ -212,6 +213,7 @@ def test_profile_applied_to_the_lab_twice_and_accepted_by_slurmctld(lab, tmp_pat
         assert r.status == "successful", tasks
         assert changed_count(r) > 0
         assert tasks["Reconfigure slurm"][0]["_event"] == "runner_on_ok", tasks["Reconfigure slurm"]
+        assert tasks["Say that a reconfigure is pending"][0]["_event"] == "runner_on_skipped"
         assert (lab.dir / "etc" / "gres.conf").read_text().startswith("AutoDetect=off")
         # the gres.conf copy with AutoDetect=nvml is still one that slurmd reads (without NVML, as here, it keeps
         # the File= GPUs)
