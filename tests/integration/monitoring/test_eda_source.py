@@ -322,3 +322,56 @@ def test_followups_of_the_repair_run_are_queued_at_their_time_once(tmp_path):
         assert s.events[3]["gpufleet"]["node"] == "gpu3" and s.proc.poll() is None
     finally:
         s.stop()
+
+
+def _half_requests(port, n):
+    """n connections that each send half a request line and then nothing (slowloris)."""
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(b"POST /alertmanager HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        socks.append(s)
+    return socks
+
+
+def _closed_by_peer(s) -> bool:
+    s.settimeout(0.2)
+    try:
+        return s.recv(1) == b""
+    except socket.timeout:
+        return False
+    except OSError:
+        return True
+
+
+def test_slow_clients_cannot_hold_the_source():
+    """Issue 26 section 4: 1,100 half-sent requests starved the source for over a minute and made asyncio log
+    "socket.accept() out of system resource" without end. With a cap of 64 connections and a 3-second lifetime, 300
+    of them hold nothing: a genuine alert is answered at once while they are open, and each one is closed."""
+    s = start_source(max_connections=64, connection_timeout=3)
+    socks = []
+    try:
+        socks = _half_requests(s.port, 300)
+        t0 = time.monotonic()
+        status, _text = http_post(s.url + "/alertmanager", am_body(alert("gpu1")), BEARER)
+        assert status == 202 and time.monotonic() - t0 < 5, status  # the control gets through at once
+        wait_for(lambda: len(s.events) == 1, 10, "the genuine alert's event")
+        deadline = time.monotonic() + 20
+        open_ = list(socks)
+        while open_ and time.monotonic() < deadline:
+            open_ = [x for x in open_ if not _closed_by_peer(x)]
+        assert not open_, f"{len(open_)} slow connections still open"
+        assert s.proc.poll() is None
+    finally:
+        for x in socks:
+            x.close()
+        s.stop()
+    assert "out of system resource" not in s.proc.stderr.read()
+
+
+@pytest.mark.parametrize("args,message", [({"max_connections": 0}, "max_connections: expected 1..65536"),
+                                          ({"connection_timeout": "x"}, "connection_timeout: expected an integer")])
+def test_connection_limits_are_checked(args, message):
+    p = subprocess.run([eda_bin("python"), str(HARNESS), json.dumps({"port": free_port(), "token": TOKEN, **args})],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert p.returncode == 2 and message in p.stderr, p.stderr

@@ -46,6 +46,9 @@ Arguments (rulebook ``sources:``):
                                event of kind "followup" at its time (a step that needs a next step, a wait that
                                ends), without waiting for another alert; "" = none
     followup_poll: 5           seconds between two looks at followup_file
+    max_connections: 256       open connections at most; a new one beyond it closes the oldest (slow clients that
+                               never finish a request cannot hold the source, nor its file descriptors)
+    connection_timeout: 30     seconds a connection may stay open, idle or not (a request takes milliseconds)
 
 A follow-up is queued once per time the repair run wrote for the node (not deduplicated: it is the run asking for
 the next one); a newer file replaces the schedule; a file that cannot be read or is not the expected shape is
@@ -125,13 +128,16 @@ class Receiver:
         self._known_lock = asyncio.Lock()
         self.last: Dict[str, float] = {}
         self.stats = {"queued": 0, "deduplicated": 0, "dropped": 0, "refused": 0, "unknown": 0, "busy": 0,
-                      "followups": 0}
+                      "followups": 0, "evicted": 0}
         ff = args.get("followup_file") or ""
         if not isinstance(ff, str):
             raise ValueError(f"alert_webhook: followup_file: expected a path, got {ff!r}")
         self.followup_file = ff
         self.followup_poll = self._int(args, "followup_poll", 5, 1, 3600)
         self.followups: Dict[str, float] = {}  # node -> when to queue its follow-up
+        self.max_connections = self._int(args, "max_connections", 256, 1, 65536)
+        self.connection_timeout = self._int(args, "connection_timeout", 30, 1, 3600)
+        self.connections: Dict[Any, float] = {}  # transport -> when it opened (insertion order: oldest first)
         self._followup_seen: Optional[Tuple[int, int, int]] = None  # (inode, size, mtime_ns) of the file read
 
     @staticmethod
@@ -404,12 +410,72 @@ class Receiver:
         return app
 
 
+class _OncePerMinute(logging.Filter):
+    """Lets a repeated asyncio log record through once a minute (a file-descriptor shortage makes asyncio log
+    "socket.accept() out of system resource" for every accept it retries: hundreds of MB a minute)."""
+
+    def __init__(self, clock=time.monotonic):
+        super().__init__()
+        self.clock, self.last, self.quiet = clock, {}, 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, record.msg if isinstance(record.msg, str) else repr(record.msg))
+        now = self.clock()
+        if now - self.last.get(key, -math.inf) < 60:
+            self.quiet += 1
+            return False
+        if len(self.last) > 1000:
+            self.last.clear()
+        self.last[key] = now
+        return True
+
+
+class _Guard(asyncio.Protocol):
+    """aiohttp's request handler behind a connection cap and a lifetime: the connection is closed after
+    ``connection_timeout`` seconds, and one beyond ``max_connections`` closes the oldest open one."""
+
+    def __init__(self, receiver: Receiver, inner: Any):
+        self.receiver, self.inner, self.transport, self.timer = receiver, inner, None, None
+
+    def connection_made(self, transport):
+        conns, loop = self.receiver.connections, asyncio.get_running_loop()
+        while len(conns) >= self.receiver.max_connections:
+            oldest = next(iter(conns))
+            conns.pop(oldest, None)
+            self.receiver.stats["evicted"] += 1
+            oldest.abort()
+        self.transport = transport
+        conns[transport] = loop.time()
+        self.timer = loop.call_later(self.receiver.connection_timeout, transport.abort)
+        self.inner.connection_made(transport)
+
+    def connection_lost(self, exc):
+        self.receiver.connections.pop(self.transport, None)
+        if self.timer is not None:
+            self.timer.cancel()
+        self.inner.connection_lost(exc)
+
+    def data_received(self, data):
+        self.inner.data_received(data)
+
+    def eof_received(self):
+        return self.inner.eof_received()
+
+    def pause_writing(self):
+        self.inner.pause_writing()
+
+    def resume_writing(self):
+        self.inner.resume_writing()
+
+
 async def main(queue, args: Dict[str, Any]):
     receiver = Receiver(queue, args or {})
-    runner = web.AppRunner(receiver.app())
+    logging.getLogger("asyncio").addFilter(_OncePerMinute())
+    runner = web.AppRunner(receiver.app(), max_field_size=8190, max_line_size=8190)
     await runner.setup()
-    site = web.TCPSite(runner, receiver.host, receiver.port)
-    await site.start()
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: _Guard(receiver, runner.server()), receiver.host, receiver.port,
+                                      reuse_address=True, backlog=128)
     LOGGER.info("alert_webhook: listening on %s:%s", receiver.host, receiver.port)
     follow = asyncio.ensure_future(receiver.followup_loop()) if receiver.followup_file else None
     try:
@@ -417,6 +483,7 @@ async def main(queue, args: Dict[str, Any]):
     finally:
         if follow is not None:
             follow.cancel()
+        server.close()
         await runner.cleanup()
 
 
