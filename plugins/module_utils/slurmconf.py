@@ -443,6 +443,25 @@ def canonical_key(kind: str, key: str, record: Optional[str] = None) -> str:
     return info[0] if info else key
 
 
+def merge_flags(current: Any, wanted: Any) -> List[str]:
+    """A comma list (PrologFlags, ...) that keeps every flag of ``current`` in its order and adds the flags of
+    ``wanted`` it lacks, compared case-blind as Slurm reads them (a site's ``Contain`` for pam_slurm_adopt and its
+    ``X11`` stay). Either side is a comma string, a list or None."""
+    def items(v: Any) -> List[str]:
+        if v is None:
+            return []
+        parts = v.split(",") if isinstance(v, str) else [str(x) for x in v]
+        return [p.strip() for p in parts if p.strip()]
+
+    out = items(current)
+    seen = {f.lower() for f in out}
+    for f in items(wanted):
+        if f.lower() not in seen:
+            seen.add(f.lower())
+            out.append(f)
+    return out
+
+
 def normalize_value(kind: str, key: str, value: Any, record: Optional[str] = None,
                     where: Optional[str] = None) -> str:
     """Validate ``value`` for ``key`` and return its text as it will be written.

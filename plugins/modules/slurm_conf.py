@@ -45,6 +45,16 @@ options:
       - When a key appears more than once, the last occurrence is changed, because that is the one Slurm uses.
     type: dict
     default: {}
+  merge_keys:
+    description:
+      - Keys of O(settings) whose flags are added to the file's current value instead of replacing it (compared
+        case-blind, the current flags first, in their order). By default C(PrologFlags), so a site's C(Contain)
+        (which C(pam_slurm_adopt) needs) and C(X11) stay when a play adds C(Alloc). V([]) replaces every key as
+        given, which is how a flag is removed.
+    type: list
+    elements: str
+    default: [PrologFlags]
+    version_added: "0.4.0"
   nodes:
     description:
       - C(NodeName=...) lines. Each item is a dict of keys for one line and must contain C(NodeName); the line
@@ -116,7 +126,7 @@ EXAMPLES = r"""
       HealthCheckNodeState: ANY
       RebootProgram: /usr/sbin/reboot
       ResumeTimeout: 1800
-      PrologFlags: [Alloc, DeferBatch]
+      PrologFlags: [Alloc, DeferBatch]   # added to the site's flags (merge_keys), Contain and X11 stay
       SchedulerTimeSlice: null   # remove
   register: conf
   notify: Reconfigure slurm
@@ -206,6 +216,7 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.slurmconf imp
     SlurmConfError,
     canonical_key,
     guess_kind,
+    merge_flags,
     parse_version,
     write_atomic,
 )
@@ -268,6 +279,7 @@ def main():
             path=dict(type="path", required=True),
             kind=dict(type="str", choices=["slurm", "gres", "cgroup"]),
             settings=dict(type="dict", default={}),
+            merge_keys=dict(type="list", elements="str", default=["PrologFlags"], no_log=False),
             nodes=dict(type="list", elements="dict", default=[]),
             partitions=dict(type="list", elements="dict", default=[]),
             backup=dict(type="bool", default=False),
@@ -302,11 +314,14 @@ def main():
         module.fail_json(msg=f"path: cannot read {path}: {exc}")
 
     current = conf.outline()
+    merge = {canonical_key(kind, k).lower() for k in params["merge_keys"]}
     for key, value in params["settings"].items():
         try:
             if value is None:
                 conf.remove(key)
             else:
+                if canonical_key(kind, key).lower() in merge:
+                    value = merge_flags(conf.get(key), value)
                 conf.set(key, value)
         except SlurmConfError as exc:
             module.fail_json(msg=f"settings.{key}: {exc}")

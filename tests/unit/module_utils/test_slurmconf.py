@@ -532,3 +532,12 @@ def test_set_after_a_last_line_ending_in_cr_alone(text):
     out = c.render()
     assert text in out
     assert ConfFile(out, "slurm", validate=False).get("SlurmctldTimeout") == "137"
+
+
+def test_merge_flags_keeps_the_sites_and_adds_ours():
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.slurmconf import merge_flags
+
+    assert merge_flags("Contain,X11", ["Alloc", "contain", "DeferBatch"]) == ["Contain", "X11", "Alloc", "DeferBatch"]
+    assert merge_flags(None, "Alloc, DeferBatch") == ["Alloc", "DeferBatch"]
+    assert merge_flags([" Contain ", ""], []) == ["Contain"]
+    assert merge_flags("Alloc,alloc", ["ALLOC"]) == ["Alloc", "alloc"]  # the site's text is never rewritten

@@ -58,6 +58,19 @@ def test_set_change_remove_is_idempotent(localhost, conf):
     assert sorted(p.name for p in conf.parent.iterdir()) == ["slurm.conf"]  # no temp file left
 
 
+def test_prolog_flags_of_the_site_stay_unless_told_otherwise(localhost, conf):
+    """Issue 26 section 2: the module's example set PrologFlags=Alloc,DeferBatch and dropped a site's Contain
+    (pam_slurm_adopt) and X11. PrologFlags merge by default; merge_keys: [] replaces, which removes a flag."""
+    conf.write_text(SLURM_CONF.replace("ClusterName=lab\n", "ClusterName=lab\nPrologFlags=Contain,X11\n"))
+    res = slurm_conf(localhost, path=str(conf), settings={"PrologFlags": ["Alloc", "contain", "DeferBatch"]})
+    assert res.is_successful and res["changed"] is True, res
+    assert "\nPrologFlags=Contain,X11,Alloc,DeferBatch\n" in conf.read_text()
+    again = slurm_conf(localhost, path=str(conf), settings={"PrologFlags": "Alloc,DeferBatch"})
+    assert again.is_successful and again["changed"] is False, again  # idempotent
+    res = slurm_conf(localhost, path=str(conf), settings={"PrologFlags": ["Alloc"]}, merge_keys=[])
+    assert res.is_successful and res["changed"] is True and "\nPrologFlags=Alloc\n" in conf.read_text()
+
+
 def test_nodes_and_partitions(localhost, conf):
     res = slurm_conf(localhost, path=str(conf), slurm_version="22.05.8",
                      nodes=[{"NodeName": "node[1-4]", "RealMemory": 32000, "Weight": 5},
