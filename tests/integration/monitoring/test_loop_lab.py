@@ -175,10 +175,11 @@ def test_a_reset_that_did_not_help_is_followed_by_the_reboot_without_another_ale
     wait_for(lambda: lab.node_states()[n2][0] == "idle", 240, f"{n2} rebooted, verified and resumed", interval=0.5)
     took = time.time() - t_reset
     assert len(rl.resets()) == 1 and len([ln for ln in rl.reboots() if f"node={n2}" in ln]) == 1, rl.reboots()
-    def log():
-        return (rl.tmp / "rulebook.log").read_text(errors="replace")
-    wait_for(lambda: log().count("Ansible runner rc:") >= 2, 120, "the follow-up run to end", interval=0.5)
-    runs = [ln for ln in log().splitlines() if "Creating action task action::run_playbook" in ln]
+    book = rl.tmp / "rulebook.log"
+    wait_for(lambda: book.read_text(errors="replace").count("Ansible runner rc:") >= 2, 120,
+             "the follow-up run to end", interval=0.5)
+    runs = [ln for ln in book.read_text(errors="replace").splitlines()
+            if "Creating action task action::run_playbook" in ln]
     assert len(runs) == 2 and runs[0].endswith("::Repair the node"), runs  # the alert's run, then the follow-up
     assert runs[1].endswith("::Follow up on a repair"), runs
     sys.stdout.write(f"\nfollow-up: reset verified unhealthy -> rebooted and resumed {took:.0f} s later "
