@@ -7,8 +7,9 @@ on the node's PATH. Two repair.yml runs in all."""
 
 from __future__ import annotations
 
+import datetime
 import os
-import shutil
+import re
 
 import pytest
 
@@ -20,6 +21,20 @@ GPU = REPO / "tests" / "fixtures" / "gpu"
 HEALTHY_XML = GPU / "h100-8gpu-580.105.08-healthy.nvidia-smi-q-x.xml"
 # real dmesg capture: Xid 48 (DBE) -> Xid 63 (row remap pending) -> Xid 94: unhealthy, reset_gpu
 SICK_KMSG = GPU / "dmesg-iso-xid48-63-94-dbe-rowremap-contained.log"
+ISO = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2},[0-9]{6}[+-][0-9]{2}:[0-9]{2}")
+
+
+def _dated_now(text):
+    """The capture with its ISO times moved to a minute from now (the lines keep their order and spacing)."""
+    lines = [ln for ln in text.splitlines() if ISO.match(ln)]
+    first = datetime.datetime.fromisoformat(ISO.match(lines[0]).group(0).replace(",", "."))
+    shift = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(minutes=1) - first
+
+    def move(m):
+        t = datetime.datetime.fromisoformat(m.group(0).replace(",", ".")) + shift
+        return t.isoformat(timespec="microseconds").replace(".", ",")
+
+    return "\n".join(ISO.sub(move, ln, count=1) for ln in text.splitlines()) + "\n"
 
 
 def _gpu_health_vars(captures):
@@ -62,7 +77,9 @@ def test_gpu_health_verdict_decides_the_resume(repair_lab, tmp_path):
     captures = tmp_path / "captures"
     captures.mkdir()
     (captures / f"{good}.kmsg").write_text("")  # after the reset: a clean kernel log
-    shutil.copy(SICK_KMSG, captures / f"{bad}.kmsg")  # after the reset: still DBE + pending row remap
+    # after the reset: still DBE + pending row remap, in lines dated after the reset began (the verification
+    # forgets the kernel lines from before the step it checks: what the step repaired)
+    (captures / f"{bad}.kmsg").write_text(_dated_now(SICK_KMSG.read_text()))
     _sick(rl, good, bad)
 
     r, art = rl.run(ok=False, **_gpu_health_vars(captures))  # a failed verification fails the run
