@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The GPU stand-in for the repair lab tests: faults are replayed kernel lines from real captures, the GPUs are a
 replayed healthy H100 ``nvidia-smi -q -x`` capture, and the verdict comes from the real node agent
-(``gpufleet-health check``, which drains its own node with ``--slurm``).
+(``gpufleet-health check``, its main() run in this process; it drains its own node with ``--slurm``).
 
     fakegpu.py inject LAB NODE FAULT CLEARED_BY   FAULT: xid48 | xid79; CLEARED_BY: reset_gpu | reboot | never
     fakegpu.py agent LAB NODE        the lab's healthcheck.hook: agent with --slurm, report to $LAB/reports/NODE.json
@@ -22,10 +22,11 @@ never resumes anything.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import io
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -109,30 +110,34 @@ def _report(lab: Path, node: str, drain: bool = False, extra=()):
         kmsg_path = lab / "faults" / f"{node}.kmsg"
         kmsg_path.write_text("\n".join(f["lines"]) + "\n")
         kmsg = str(kmsg_path)
-    agent_bin = Path(sys.executable).parent / "gpufleet-health"
-    argv = [str(agent_bin), "check", "--nvidia-smi-xml", str(CAPTURE), "--kmsg", kmsg, "--as-of", "now", "--json",
-            "--node", node]
+    argv = ["check", "--nvidia-smi-xml", str(CAPTURE), "--kmsg", kmsg, "--as-of", "now", "--json", "--node", node]
     if drain:
         argv.append("--slurm")
     argv += list(extra)
-    env = dict(os.environ, SLURM_CONF=str(lab / "etc" / "slurm.conf"))
-    env["PATH"] = env.get("PATH", "") + ":/usr/sbin:/usr/bin:/sbin:/bin"
+    os.environ["SLURM_CONF"] = str(lab / "etc" / "slurm.conf")
+    os.environ["PATH"] = os.environ.get("PATH", "") + ":/usr/sbin:/usr/bin:/sbin:/bin"
     lock = None
     if (lab / "faults" / "state-files").exists():
         argv += ["--state-file", str(lab / "faults" / f"{node}.state.json")]
         lock = open(lab / "faults" / f"{node}.state.lock", "a")  # noqa: SIM115 - held for the agent's run
         fcntl.flock(lock, fcntl.LOCK_EX)
+    # the real agent's main(), in this process: one Python start per check instead of two (the lab runs a check on
+    # every node every few seconds, and the CPU it takes is CPU the tests do not get)
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.cli import health_agent
+
+    out, err = io.StringIO(), io.StringIO()
     try:
-        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = health_agent.main(argv)
     finally:
         if lock is not None:
             lock.close()
     try:
-        data = json.loads(proc.stdout)
+        data = json.loads(out.getvalue())
     except ValueError:
-        raise SystemExit(f"gpufleet-health check rc={proc.returncode}: {proc.stderr.strip()[:500]}")
+        raise SystemExit(f"gpufleet-health check rc={rc}: {err.getvalue().strip()[:500]}")
     _write_json(lab / "reports" / f"{node}.json", data)
-    return data, proc.returncode
+    return data, rc
 
 
 def agent(lab: Path, node: str) -> int:
