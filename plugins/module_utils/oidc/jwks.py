@@ -76,14 +76,6 @@ MAX_CACHE_BYTES = 4 * 1024 * 1024
 _FILE_RO = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # O_NONBLOCK: a FIFO never hangs a login
 
 
-@overload
-def open_private_dir(path: str, create: Literal[True]) -> int: ...
-
-
-@overload
-def open_private_dir(path: str, create: bool = False) -> Optional[int]: ...
-
-
 def _makedirs(path: str) -> None:
     """Create ``path`` 0700 and its missing parents 0755 (os.makedirs gives parents 0777 less the umask, which is
     world-writable under umask 000)."""
@@ -99,6 +91,14 @@ def _makedirs(path: str) -> None:
         except FileExistsError:
             continue  # made meanwhile: checked like any other below
         os.chmod(d, 0o700 if final else 0o755)  # the umask may have taken bits away; it never adds any
+
+
+@overload
+def open_private_dir(path: str, create: Literal[True]) -> int: ...
+
+
+@overload
+def open_private_dir(path: str, create: bool = False) -> Optional[int]: ...
 
 
 def open_private_dir(path: str, create: bool = False) -> Optional[int]:
