@@ -327,7 +327,7 @@ def test_followups_of_the_repair_run_are_queued_at_their_time_once(tmp_path):
 def _half_requests(port, n):
     """n connections that each send half a request line and then nothing (slowloris)."""
     socks = []
-    for _ in range(n):
+    for _unused in range(n):
         s = socket.create_connection(("127.0.0.1", port), timeout=5)
         s.sendall(b"POST /alertmanager HTTP/1.1\r\nHost: x\r\nX-Slow: ")
         socks.append(s)
