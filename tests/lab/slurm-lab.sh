@@ -497,7 +497,7 @@ InactiveLimit=0
 KillWait=5
 MinJobAge=300
 RebootProgram=$REBOOT_PROGRAM
-ResumeTimeout=60
+ResumeTimeout=180
 EOF
     if ((HC_INTERVAL > 0)); then
       printf 'HealthCheckProgram=%s\nHealthCheckInterval=%s\nHealthCheckNodeState=ANY\n' "$HC_PROGRAM" "$HC_INTERVAL"
