@@ -88,7 +88,7 @@ ansible-lint: setup
 
 # Two workers a lane: each gets a Slurm lab of its own from the lab factory (tests/support/labs.py); a test file
 # stays on one worker (--dist loadfile), so its module-scoped labs and daemons start once.
-INTEGRATION_XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder --durations=15
+INTEGRATION_XDIST ?= -n 2 --dist loadfile --durations=15
 integration: setup
 	$(PY) -m pytest tests/integration -q $(INTEGRATION_XDIST)
 

@@ -30,22 +30,15 @@ __all__ = ["LabError", "SlurmLab"]
 
 
 # The files that take minutes on a 2-core machine, longest first (measured with --durations). pytest-xdist's
-# --dist loadfile with --no-loadscope-reorder (the Makefile's INTEGRATION_XDIST; by default xdist would sort the
-# files by their number of tests instead) hands files to the workers in collection order, so these go first: no
-# worker is left running one of them alone at the end of the lane. Every other file keeps its place, and a file's
-# tests their order.
+# --dist loadfile hands files to the workers in collection order, so these go first: no worker is left running one
+# of them alone at the end of the lane. Every other file keeps its place, and a file's tests their order.
 HEAVY_FIRST = (
-    "repair/test_repair_safety_lab.py", "repair/test_repair_lab.py", "adoption/test_fresh_root.py",
-    "adoption/test_tools_venv.py", "adoption/test_oidc_login_rollback.py", "repair/test_repair_step_lab.py",
-    "adoption/test_nhc_coexist.py", "oidc/test_oidc_login_role.py", "test_slurm_node_lab.py",
-    "test_startup_scripts_role.py", "test_slurm_reliability.py", "health/test_storm_lab.py",
-    "monitoring/test_loop_lab.py", "test_startup_lab.py", "repair/test_repair_verify_lab.py",
-    "health/test_gpu_health_role.py", "health/test_health_lab.py",
+    "adoption/test_fresh_root.py", "health/test_storm_lab.py", "adoption/test_oidc_login_rollback.py",
+    "health/test_gpu_health_role.py", "adoption/test_nhc_coexist.py", "oidc/test_oidc_login_role.py",
+    "test_startup_scripts_role.py", "adoption/test_tools_venv.py", "test_startup_lab.py", "health/test_health_lab.py",
+    "test_slurm_node_lab.py", "test_slurm_reliability.py",
 )
 HERE = Path(__file__).resolve().parent
-_MISSING = [f for f in HEAVY_FIRST if not (HERE / f).is_file()]
-if _MISSING:  # a renamed file would silently lose its place at the front
-    raise pytest.UsageError(f"tests/integration/conftest.py HEAVY_FIRST names files that do not exist: {_MISSING}")
 
 
 def pytest_collection_modifyitems(items):
