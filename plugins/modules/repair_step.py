@@ -15,7 +15,9 @@ description:
     pending step (O(outcome)) into the stored history (an C(ok) closes the incident and starts the cooldown) -
     only when the step is proven to have run (its own record, or for a reboot a boot of the node after the
     step's intent); otherwise it records C(unproven) - the step did not happen as far as anyone can show, and the
-    next plan offers it again instead of the next, more drastic step.
+    next plan offers it again instead of the next, more drastic step. With O(resume), an C(ok) outcome also
+    resumes the node in the same Slurm update, when it is out of service by us; a node out of service by someone
+    else keeps their reason, and the module fails after recording the outcome.
   - O(op=drain) drains with O(reason) (which must start with O(reason_prefix)). O(op=reboot) runs
     C(scontrol reboot ASAP nextstate=DOWN reason=...), so the node comes back DOWN and is only resumed after it
     has been verified. O(op=escalate) replaces the drain reason with O(reason) (the node stays out of service).
@@ -25,11 +27,14 @@ description:
   - O(op=check) changes nothing and fails when the node is not ours to act on any more - out of service with a
     reason that does not start with O(reason_prefix), or its O(history_field) holds text that is not a readable
     gpufleet history. The role runs it right before every step that leaves the controller (GPU reset, reboot,
-    replacement hook), so that an operator's drain made during the run wins.
+    replacement hook), so that an operator's drain made during the run wins. With O(history), the history is
+    written once the node has passed the check (the step's intent, recorded with the same read).
   - O(op=note) sets O(reason) on a node that is out of service by us (why it is held); a node in service or out of
     service by someone else is left alone (C(changed=false)).
   - O(op=status) changes nothing and returns the node.
   - Every write is skipped when the node is already in the wanted state (C(changed=false)).
+  - Slurm is read once (the node alone on Slurm 23.02 and later) and changed with at most one C(scontrol update)
+    (the history and the state together), plus C(scontrol reboot) for O(op=reboot).
 author:
   - gpufleet.reliability contributors (@gpufleet)
 extends_documentation_fragment:
@@ -52,6 +57,11 @@ options:
     description: Verification result for O(op=outcome).
     type: str
     choices: [ok, failed, timeout]
+  resume:
+    description: With O(op=outcome) and O(outcome=ok), resume the node in the same update (only when it is out of
+      service by us).
+    type: bool
+    default: false
   cooldown:
     description: Seconds of cooldown an C(ok) outcome starts.
     type: float
@@ -102,7 +112,8 @@ EXAMPLES = r"""
 
 RETURN = r"""
 node:
-  description: The node after the operation (name, state, flags, reason, extra, comment, ...).
+  description: The node as Slurm showed it before the operation's change (name, state, flags, reason, extra,
+    comment, ...); the change itself is in RV(history) and C(changed).
   returned: always
   type: dict
 history:
@@ -139,6 +150,7 @@ def main() -> None:
                          "note", "status"]),
         history=dict(type="str"),
         outcome=dict(type="str", choices=["ok", "failed", "timeout"]),
+        resume=dict(type="bool", default=False),
         cooldown=dict(type="float", default=1800),
         reason=dict(type="str"),
         reason_prefix=dict(type="str", default="gpufleet:"),
@@ -192,7 +204,8 @@ def main() -> None:
         if not readable:
             module.fail_json(msg=f"node {name}: {field} holds text that is not a gpufleet history; not touched",
                              node=before)
-        module.exit_json(changed=False, node=before, history=current)
+        if p["history"] is None:
+            module.exit_json(changed=False, node=before, history=current)
 
     new_history = p["history"]
     if op in ("outcome", "ran"):
@@ -226,6 +239,8 @@ def main() -> None:
         # a reason counts only while the node is out of service: Slurm 24.11 keeps the last one after RESUME
         if not (node.out_of_service and node.reason == p["reason"]):
             changes.append(("drain", p["reason"]))
+    elif op == "outcome" and p["resume"] and p["outcome"] == "ok" and not foreign and ours:
+        changes.append(("resume", None))
     elif op == "resume":
         if foreign:
             module.fail_json(msg=f"node {name} was not drained by us (reason {node.reason!r}); never resumed")
@@ -239,28 +254,29 @@ def main() -> None:
             module.fail_json(msg=f"node {name} is not a hot spare (reason {node.reason!r}); not resumed")
         changes.append(("resume", None))
 
-    if module.check_mode or not changes:
-        module.exit_json(changed=bool(changes), node=before, history=new_history if changes else current,
-                         diff=change(f"slurm node {name}", {"history": current, "reason": node.reason},
-                                     {"history": new_history or current, "ops": [c[0] for c in changes]}))
-    try:
-        for what, arg in changes:
-            if what == "history":
-                client.set_history(name, field, arg)
-            elif what == "drain":
-                client.drain(name, arg)
-            elif what == "reboot":
-                client.reboot(name, arg, nextstate="down", asap=True)
-            elif what == "resume":
-                client.resume(name)
-    except SlurmError as exc:
-        module.fail_json(msg=f"node {name}: {exc}", error=exc.to_dict(), done=[c[0] for c in changes])
-    after = read()
-    module.exit_json(changed=True, node=after.to_dict(), history=getattr(after, field) or "",
-                     diff=change(f"slurm node {name}",
-                                 {"history": current, "reason": node.reason, "state": node.sinfo_state},
-                                 {"history": getattr(after, field) or "", "reason": after.reason,
-                                  "state": after.sinfo_state}))
+    stored = new_history if new_history is not None and changes else current
+    diff = change(f"slurm node {name}", {"history": current, "reason": node.reason},
+                  {"history": stored, "ops": [c[0] for c in changes]})
+    done = []
+    if not module.check_mode:
+        update = {what: arg for what, arg in changes if what != "reboot"}
+        state = next(({"drain": "DRAIN", "resume": "RESUME"}[w] for w in update if w != "history"), None)
+        try:
+            if update:
+                client.update_node(name, history_field=field, history=update.get("history"), state=state,
+                                   reason=update.get("drain"))
+                done += list(update)
+            for what, arg in changes:
+                if what == "reboot":
+                    client.reboot(name, arg, nextstate="down", asap=True)
+                    done.append(what)
+        except SlurmError as exc:
+            module.fail_json(msg=f"node {name}: {exc}", error=exc.to_dict(), done=done, node=before)
+    if op == "outcome" and p["resume"] and p["outcome"] == "ok" and foreign:
+        module.fail_json(msg=f"node {name} is out of service by someone else ({node.reason!r}): the outcome is "
+                             "recorded, the node is never resumed", changed=bool(changes), node=before,
+                         history=stored, diff=diff)
+    module.exit_json(changed=bool(changes), node=before, history=stored, diff=diff)
 
 
 if __name__ == "__main__":

@@ -75,7 +75,8 @@ options:
     type: str
   wait:
     description:
-      - Wait until the change is complete, polling Slurm every O(poll_interval) seconds.
+      - Wait until the change is complete, polling Slurm first after O(poll_interval) seconds, then each time half
+        again as long after the poll before, up to 10 seconds apart (or O(poll_interval) when that is longer).
       - V(drained) waits until no job is left on the nodes (DRAINED, not DRAINING); V(resumed) until they respond
         and are not drained or down; V(rebooted) until the reboot is done (no reboot flag, a new boot time, the
         node responding). V(down) takes effect at once.
@@ -88,7 +89,7 @@ options:
     default: 300
   poll_interval:
     description:
-      - Seconds between two polls with O(wait).
+      - Seconds before the first poll with O(wait) (later polls back off, see O(wait)).
     type: float
     default: 1.0
 seealso:

@@ -21,6 +21,9 @@ from .hostlist import HostlistExpr, split_hostlist_expr, unique
 from .node import NEXT_STATES, Node
 from .parse import parse_jobs_text, parse_nodes_json, parse_nodes_text, parse_version
 
+#: A read of at most this many named nodes asks Slurm (23.02 and later) for those nodes only.
+FEW_NODES = 64
+
 #: argv -> (rc, stdout, stderr); modules pass a wrapper around ``module.run_command``.
 Runner = Callable[[List[str]], Tuple[int, str, str]]
 
@@ -129,10 +132,17 @@ class SlurmClient:
         return self._run([self.scontrol, "show", "hostlist", ",".join(names)]).strip()
 
     def nodes(self, names: Optional[HostlistExpr] = None) -> Dict[str, Node]:
-        """{name: Node} for every node, or for ``names`` (a hostlist expression or list). Unknown -> error."""
+        """{name: Node} for every node, or for ``names`` (a hostlist expression or list). Unknown -> error.
+
+        Through the CLI on Slurm 23.02 and later, a read of up to ``FEW_NODES`` names asks slurmctld for those nodes
+        only (``scontrol show node NAMES --json``); 22.05's ``sinfo --json`` ignores ``-n``, so there (and through
+        pyslurm) the whole fleet is read and filtered here."""
         wanted = self.expand_hostlist(names) if names is not None else None
         py = self._py()
-        allnodes = py.nodes() if py is not None else self._cli_nodes()
+        if py is not None:
+            allnodes = py.nodes()
+        else:
+            allnodes = self._cli_nodes(wanted if wanted is not None and len(wanted) <= FEW_NODES else None)
         if wanted is None:
             return allnodes
         missing = [n for n in wanted if n not in allnodes]
@@ -140,10 +150,10 @@ class SlurmClient:
             raise SlurmError(f"unknown node(s): {', '.join(missing)}", kind="unknown_node")
         return {n: allnodes[n] for n in wanted}
 
-    def _cli_nodes(self) -> Dict[str, Node]:
+    def _cli_nodes(self, few: Optional[List[str]] = None) -> Dict[str, Node]:
         major, minor, _micro = self.version_info()
         if (major, minor) >= (23, 2):
-            argv = [self.scontrol, "show", "node", "--json"]
+            argv = [self.scontrol, "show", "node", "--json"] + ([",".join(few)] if few else [])
         elif (major, minor) >= (21, 8):
             argv = [self.sinfo, "--json"]
         else:
@@ -178,7 +188,12 @@ class SlurmClient:
 
     # ---- changing ----------------------------------------------------------------------------------------
     def _targets(self, names: HostlistExpr) -> List[str]:
-        """Expand and validate that every node exists (before anything changes)."""
+        """Expand and validate that every node exists (before anything changes): ``scontrol update`` and
+        ``scontrol reboot`` apply a list with an unknown name to the known ones and fail. One plain name needs no
+        read: Slurm refuses an unknown single node whole ("Invalid node name specified"), changing nothing."""
+        parts = split_hostlist_expr(names)
+        if len(parts) == 1 and "[" not in parts[0]:
+            return parts
         return list(self.nodes(names))
 
     def _update(self, names: List[str], *settings: str) -> List[str]:
@@ -254,6 +269,35 @@ class SlurmClient:
         if self.version_info()[:2] < (22, 5):
             return self._update(targets, f"Comment={text}")
         return self._set(targets, {"extra": text}, f"Extra={text}")
+
+    def update_node(self, name: str, *, history_field: Optional[str] = None, history: Optional[str] = None,
+                    state: Optional[str] = None, reason: Optional[str] = None) -> List[str]:
+        """One update of one node that sets its repair history (in ``history_field``) and/or its state
+        (``DRAIN`` with ``reason``, or ``RESUME``) together: one ``scontrol update`` (one RPC through pyslurm), so
+        the history and the state never part half way."""
+        if not isinstance(name, str) or not name or "," in name or "[" in name:
+            raise ValueError(f"update_node(): one node name expected, got {name!r}")
+        py_changes: Dict[str, Any] = {}
+        settings: List[str] = []
+        if history is not None:
+            if history_field not in ("extra", "comment"):
+                raise ValueError(f"history_field must be extra or comment; got {history_field!r}")
+            text = _one_line(history, history_field)
+            key = "comment" if history_field == "comment" or self.version_info()[:2] < (22, 5) else "extra"
+            py_changes[key] = text
+            settings.append(f"{key.capitalize()}={text}")
+        if state == "DRAIN":
+            reason = self._need_reason(reason, "drain")
+            py_changes.update(state="DRAIN", reason=reason)
+            settings += ["State=DRAIN", f"Reason={reason}"]
+        elif state == "RESUME":
+            py_changes["state"] = "RESUME"
+            settings.append("State=RESUME")
+        elif state is not None:
+            raise ValueError(f"state must be DRAIN or RESUME; got {state!r}")
+        if not settings:
+            return []
+        return self._set([name], py_changes, *settings)
 
     def set_history(self, name: str, field: str, text: Optional[str]) -> List[str]:
         """Store the repair history in the node's ``field`` (``extra`` or ``comment``)."""

@@ -4,6 +4,7 @@
 backend selection. Behaviour against real daemons is in tests/integration/test_slurm_adapter.py."""
 from __future__ import annotations
 
+import json
 import types
 from pathlib import Path
 
@@ -179,6 +180,10 @@ class Replay:
                 return answer
         if argv[1:] == ["--version"]:
             return 0, self.version + "\n", ""
+        if argv[:4] == ["scontrol", "show", "node", "--json"] and len(argv) == 5:  # Slurm 23.02+: those nodes only
+            data = json.loads(self.nodes_json)
+            data["nodes"] = [n for n in data["nodes"] if n["name"] in argv[4].split(",")]
+            return 0, json.dumps(data), ""
         if argv[:2] == ["sinfo", "--json"] or argv[:4] == ["scontrol", "show", "node", "--json"]:
             return 0, self.nodes_json, ""
         if key == "scontrol show hostnames":
@@ -252,10 +257,46 @@ def test_json_source_follows_the_version():
     r = Replay(version="slurm 24.11.5", nodes_json=sample("scontrol-show-node-json-24.11.json"))
     c = SlurmClient(runner=r, backend="cli")
     assert c.node("node2").drained
-    assert ["scontrol", "show", "node", "--json"] in r.calls
+    assert r.calls[-1] == ["scontrol", "show", "node", "--json", "node2"]  # that node only
+    assert set(c.nodes()) == {"node2"}  # the capture holds one node
+    assert r.calls[-1] == ["scontrol", "show", "node", "--json"]
+    with pytest.raises(SlurmError) as e:
+        c.node("node9")  # 24.11 answers an unknown name with no nodes and rc 0
+    assert e.value.kind == "unknown_node"
+    many = [f"node{i}" for i in range(1, 100)]
+    with pytest.raises(SlurmError):
+        c.nodes(many)  # more than a few names: the whole fleet is read (and the others are unknown)
+    assert r.calls[-1] == ["scontrol", "show", "node", "--json"]
     r = Replay()
-    SlurmClient(runner=r, backend="cli").nodes()
-    assert ["sinfo", "--json"] in r.calls
+    SlurmClient(runner=r, backend="cli").nodes("node2")
+    assert r.calls[-1] == ["sinfo", "--json"]  # 22.05's sinfo ignores -n: the fleet, filtered here
+
+
+def test_one_plain_name_is_changed_without_a_read_and_history_goes_with_the_state():
+    r = Replay(version="slurm 24.11.5", nodes_json=sample("scontrol-show-node-json-24.11.json"))
+    c = SlurmClient(runner=r, backend="cli")
+    c.drain("node3", "xid 79")  # not in the capture: no read is made to find that out
+    c.update_node("node3", history_field="extra", history='{"gf":1}', state="RESUME")
+    c.update_node("node3", history_field="comment", history='{"gf":1}', state="DRAIN", reason="gpufleet: x")
+    assert not [a for a in r.calls if a[1:3] == ["show", "node"] or a[0] == "sinfo"]
+    assert r.updates() == [["scontrol", "update", "NodeName=node3", "State=DRAIN", "Reason=xid 79"],
+                           ["scontrol", "update", "NodeName=node3", 'Extra={"gf":1}', "State=RESUME"],
+                           ["scontrol", "update", "NodeName=node3", 'Comment={"gf":1}', "State=DRAIN",
+                            "Reason=gpufleet: x"]]
+    assert c.update_node("node3") == [] and len(r.updates()) == 3
+    with pytest.raises(ValueError, match="one node name"):
+        c.update_node("node[1-2]", state="RESUME")
+    with pytest.raises(ValueError, match="state must be DRAIN or RESUME"):
+        c.update_node("node3", state="DOWN")
+    with pytest.raises(ValueError, match="reason is required"):
+        c.update_node("node3", state="DRAIN")
+    with pytest.raises(ValueError, match="must be one line"):
+        c.update_node("node3", history_field="extra", history="a\nb")
+    # an unknown single name: Slurm refuses it whole, and the error is classified
+    r2 = Replay(fail={"scontrol update": (1, "", "slurm_update error: Invalid node name specified\n")})
+    with pytest.raises(SlurmError) as e:
+        SlurmClient(runner=r2, backend="cli").drain("node9", "xid 79")
+    assert e.value.kind == "unknown_node"
 
 
 def test_errors_are_classified():

@@ -82,8 +82,31 @@ def test_waits_until_every_target_is_there():
                {"n1": node("n1", "IDLE+DRAIN"), "n2": node("n2", "IDLE+DRAIN")})
     now, waited = wait_for_nodes(r.read, "drained", before, ["n1", "n2"], timeout=60, poll_interval=0.5,
                                  clock=r.clock, sleep=r.sleep)
-    assert r.reads == 3 and r.sleeps == [0.5, 0.5] and waited == 2.0
+    assert r.reads == 3 and r.sleeps == [0.5, 0.75] and waited == 2.0
     assert all(n.drained for n in now.values())
+
+
+def test_polls_back_off_to_ten_seconds_and_the_last_one_is_at_the_deadline():
+    before = {"n1": node("n1", "IDLE")}
+    stuck = {"n1": node("n1", "MIXED+DRAIN")}
+    t = [0.0]
+    sleeps = []
+
+    def sleep(s):
+        sleeps.append(s)
+        t[0] += s
+
+    with pytest.raises(WaitTimeout):
+        wait_for_nodes(lambda: stuck, "drained", before, ["n1"], timeout=40, poll_interval=1,
+                       clock=lambda: t[0], sleep=sleep)
+    assert sleeps[:7] == [1, 1.5, 2.25, 3.375, 5.0625, 7.59375, 10.0]
+    assert sleeps[7:] == [pytest.approx(40 - sum(sleeps[:7]))] and t[0] == pytest.approx(40)  # the deadline
+    # a poll interval longer than the cap is kept as it is
+    t[0], sleeps[:] = 0.0, []
+    with pytest.raises(WaitTimeout):
+        wait_for_nodes(lambda: stuck, "drained", before, ["n1"], timeout=60, poll_interval=30,
+                       clock=lambda: t[0], sleep=sleep)
+    assert sleeps == [30, 30]
 
 
 def test_only_the_targets_are_waited_for():
