@@ -50,6 +50,14 @@ options:
         written by the agent).
     type: dict
     default: {}
+  fetched_reports:
+    description:
+      - Report files fetched from the nodes this run, by node name, as base64 text (what C(ansible.builtin.slurp)
+        returns as C(content)) - the node agent's own C(report.json), for the nodes a first plan listed in
+        RV(blind). They win over O(reports_dir); a fetched report that names another node, or cannot be read, holds
+        that node (as a bad file does).
+    type: dict
+    default: {}
   reports_dir:
     description:
       - Directory with one report per node, C(<node>.json). The file's C(checked_at) (or its mtime) is the report
@@ -227,13 +235,22 @@ now:
   description: The time the plan is for.
   returned: always
   type: float
+blind:
+  description: The nodes this plan would repair without a health report (the probe ladder, a reboot first, chosen
+    for want of a finding). The node_repair role fetches their agents' reports and plans again with
+    O(fetched_reports).
+  returned: always
+  type: list
+  elements: str
 warnings_reports:
   description: Report files that could not be used, by node name, with why (the node is held when Slurm knows it).
   returned: always
   type: dict
 """
 
+import base64
 import json
+import math
 import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -241,7 +258,12 @@ from typing import Any, Dict, List, Optional, Tuple
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.fileutil import atomic_write, differs
-from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import BreakerState, RepairError, plan
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import (
+    BreakerState,
+    RepairError,
+    blind,
+    plan,
+)
 from ansible_collections.gpufleet.reliability.plugins.module_utils.runlock import RunLockBusy, acquire
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import SlurmError
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm.repair_inputs import repair_inputs
@@ -249,6 +271,9 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm_module 
     SLURM_COMMON_ARGS,
     client_from_module,
 )
+
+#: Bytes of one health report that are read (a report is a few kB).
+MAX_REPORT = 4 << 20
 
 
 def _read_json(module: AnsibleModule, path: str, what: str) -> Any:
@@ -259,6 +284,24 @@ def _read_json(module: AnsibleModule, path: str, what: str) -> Any:
         return None
     except (OSError, ValueError) as exc:
         module.fail_json(msg=f"{what} {path}: cannot read JSON: {exc}")
+
+
+def _report_text(raw: bytes, where: str) -> Tuple[Optional[Dict[str, Any]], Optional[float], str, Any]:
+    """One report file's bytes -> (report, its time or None, why it cannot be used or "", the file's JSON).
+    Reports come from nodes: anything may be in them."""
+    try:
+        top = data = json.loads(raw[:MAX_REPORT].decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        return None, None, f"{where}: cannot read JSON: {str(exc)[:200]}", None
+    if isinstance(data, dict) and isinstance(data.get("report"), dict):  # gpu_health module / agent wrapper
+        t = data.get("checked_at") or data["report"].get("checked_at")
+        data = data["report"]
+    else:
+        t = data.get("checked_at") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or "verdict" not in data:
+        return None, None, f"{where}: expected a health report with a verdict", top
+    ok_time = isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
+    return data, (float(t) if ok_time else None), "", top
 
 
 def _reports_from_dir(module: AnsibleModule, path: Optional[str]
@@ -278,28 +321,50 @@ def _reports_from_dir(module: AnsibleModule, path: Optional[str]
         name = entry[: -len(".json")]
         try:
             with open(full, "rb") as fh:
-                data = json.loads(fh.read(4 << 20).decode("utf-8"))
+                raw = fh.read(MAX_REPORT)
         except FileNotFoundError:
             continue
-        except (OSError, ValueError, RecursionError) as exc:
+        except OSError as exc:
             errors[name] = f"{full}: cannot read JSON: {str(exc)[:200]}"
             continue
-        if isinstance(data, dict) and isinstance(data.get("report"), dict):  # gpu_health module / agent wrapper
-            t = data.get("checked_at") or data["report"].get("checked_at")
-            data = data["report"]
-        else:
-            t = data.get("checked_at") if isinstance(data, dict) else None
-        if not isinstance(data, dict) or "verdict" not in data:
-            errors[name] = f"{full}: expected a health report with a verdict"
+        data, t, error, _top = _report_text(raw, full)
+        if data is None:
+            errors[name] = error
             continue
         reports[name] = data
-        if isinstance(t, (int, float)) and not isinstance(t, bool):
-            times[name] = float(t)
-        else:
+        if t is None:
             try:
-                times[name] = os.stat(full).st_mtime
+                t = os.stat(full).st_mtime
             except OSError:
-                times[name] = None
+                t = None
+        times[name] = t
+    return reports, times, errors
+
+
+def _fetched(fetched: Dict[str, Any], now: float
+             ) -> Tuple[Dict[str, Any], Dict[str, Optional[float]], Dict[str, str]]:
+    """O(fetched_reports) -> (reports, times, errors), as the directory's files are read. A report that names
+    another node than the one it was fetched from is not used."""
+    reports: Dict[str, Any] = {}
+    times: Dict[str, Optional[float]] = {}
+    errors: Dict[str, str] = {}
+    for name, content in fetched.items():
+        where = f"fetched_reports.{name}"
+        try:
+            raw = base64.b64decode(str(content)[:MAX_REPORT * 2], validate=True)
+        except (ValueError, TypeError) as exc:
+            errors[name] = f"{where}: expected the base64 text of a report file: {exc}"
+            continue
+        data, t, error, top = _report_text(raw, where)
+        if data is None:
+            errors[name] = error
+            continue
+        owner = top.get("node", data.get("node"))
+        if owner is not None and owner != name:
+            errors[name] = f"{where}: the report is of node {str(owner)[:64]!r}, not of {name}"
+            continue
+        reports[name] = data
+        times[name] = t if t is not None else now
     return reports, times, errors
 
 
@@ -358,6 +423,7 @@ def main() -> None:
         approvals=dict(type="list", elements="str", default=[]),
         approvals_file=dict(type="path"),
         reports=dict(type="dict", default={}),
+        fetched_reports=dict(type="dict", default={}),
         reports_dir=dict(type="path"),
         breaker_state_file=dict(type="path"),
         publish_dir=dict(type="path"),
@@ -402,6 +468,14 @@ def main() -> None:
         module.fail_json(msg=f"reading nodes from Slurm: {exc}", error=exc.to_dict())
 
     reports, times, report_errors = _reports_from_dir(module, p["reports_dir"])
+    got, got_times, got_errors = _fetched(p["fetched_reports"] or {}, now)
+    for name in set(got) | set(got_errors):  # fetched from the node itself, this run: newer than a file here
+        reports.pop(name, None)
+        report_errors.pop(name, None)
+        times.pop(name, None)
+    reports.update(got)
+    times.update(got_times)
+    report_errors.update(got_errors)
     for name, rep in (p["reports"] or {}).items():
         if isinstance(rep, dict) and isinstance(rep.get("report"), dict):
             times[name] = rep.get("checked_at") or now
@@ -474,6 +548,7 @@ def main() -> None:
         spares=inputs.spares,
         now=now,
         warnings_reports=report_errors,
+        blind=blind(out["decisions"]),
     )
 
 

@@ -130,6 +130,8 @@ class RepairLab:
         ev = {
             "node_repair_config": cfg,
             "node_repair_reports_dir": str(self.dir / "reports"),
+            # the lab's agents write their report where the plan reads it; a test of the fetch moves the plan's
+            "node_repair_agent_report": str(self.dir / "reports" / "{node}.json"),
             "node_repair_state_dir": str(self.state),
             "node_repair_verify_command": [sys.executable, str(FAKEGPU), "check", str(self.dir), "{node}"],
             "node_repair_dcgm_level": 0,

@@ -28,7 +28,7 @@ from .model import (
     RepairError,
     SpareMove,
 )
-from .policy import followups, plan, retention
+from .policy import blind, followups, plan, retention
 from .rules import proof, record_verification
 from .state import Counts, FleetSummary, NodeState
 
@@ -53,6 +53,7 @@ __all__ = [
     "RepairError",
     "SpareMove",
     "Step",
+    "blind",
     "breaker_threshold",
     "classify",
     "dumps",

@@ -179,13 +179,15 @@ def classify(report: Optional[Mapping[str, Any]], class_map: Optional[Mapping[st
 
 
 _NO_MAP: Mapping[str, str] = {}
+#: The finding code of a node that has no health report.
+NO_REPORT = "no_report"
 _ACTIONS_OF_REPORTS = ("none", "monitor") + REPAIR_STEPS  # a tuple: an unhashable action must fail as a RepairError
 
 
 def check_report(report: Any, where: str) -> Tuple[str, str, str, Optional[int]]:
     """Validate a report dict; returns (verdict, action, code, gpu). ``where`` names the report in errors."""
     if report is None:
-        return "unknown", "none", "no_report", None
+        return "unknown", "none", NO_REPORT, None
     if not isinstance(report, Mapping):
         raise RepairError(
             f"{where}: expected a health report mapping (verdict, action, code, ...), got {type(report).__name__}"

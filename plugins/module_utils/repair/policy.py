@@ -34,11 +34,11 @@ import math
 from collections.abc import Mapping
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
-from .classify import check_report
+from .classify import NO_REPORT, check_report
 from .config import RepairConfig
 from .history import History
 from .limits import Limits, breaker_threshold
-from .model import ACTIONS, BreakerState, Decision, Plan, RepairError
+from .model import ACTIONS, REPAIR_STEPS, BreakerState, Decision, Plan, RepairError
 from .rules import Approvals, Case, breaker_in_slurm, decide, held_reason
 from .state import FleetSummary, NodeState
 
@@ -269,3 +269,11 @@ def followups(decisions: Iterable[Mapping[str, Any]], results: Iterable[Mapping[
             continue
         out[node] = max(soon, int(earliest))
     return out
+
+
+def blind(decisions: Iterable[Mapping[str, Any]]) -> List[str]:
+    """The nodes a plan would repair without a health report (as dicts, what a plan publishes): their ladder is
+    the probe class's (a reboot first), chosen for want of a finding. A body that can fetch the node agent's own
+    report should, and plan again with it (case 8 of docs/repair.md: the agent's report stays on the node)."""
+    return [d["node"] for d in decisions
+            if isinstance(d.get("node"), str) and d.get("code") == NO_REPORT and d.get("action") in REPAIR_STEPS]

@@ -514,3 +514,35 @@ def test_a_sick_node_in_a_maintenance_reservation_is_never_touched(repair_lab):
     # the window is over: the node is ours again and is repaired
     rl.until(lambda: lab.node_states()[n][0] == "idle", runs=3)
     assert len(rl.resets(n)) == 1
+
+
+# ---- issue §8 -------------------------------------------------------------------------------------------------
+def test_the_agents_report_is_fetched_from_the_node_so_nothing_is_repaired_blind(repair_lab, tmp_path):
+    """Issue: the agent keeps its report on the node and repair reads a directory on the controller; without a sweep
+    the plan repaired blind ("reboot (probe no_report)"). The role now fetches the agent's report from the node."""
+    rl = repair_lab
+    lab = rl.lab
+    n, other = lab.nodes[1], lab.nodes[2]
+    controller = tmp_path / "controller-reports"  # nothing reaches the controller's directory
+    controller.mkdir()
+    rl.inject(n, "xid48", "reset_gpu")
+    rl.drained_by_agent(n)
+    # control: with the fetch turned off the plan repairs blind, as before (check mode: nothing changes)
+    _r, art = rl.run(cmdline="--check", node_repair_reports_dir=str(controller), node_repair_agent_report="")
+    d = _decisions(art)[n]
+    assert (d["action"], d["code"], d["failure_class"]) == ("reboot", "no_report", "probe"), d
+    # a node's file that names another node is not that node's report: held, saying why, nothing done
+    forged = tmp_path / "forged"
+    forged.mkdir()
+    (forged / f"{n}.json").write_text(json.dumps(
+        {"node": other, "report": {"verdict": "healthy", "action": "none", "code": "ok", "findings": []}}))
+    _r, art = rl.run(ok=None, node_repair_reports_dir=str(controller),
+                     node_repair_agent_report=str(forged / "{node}.json"))
+    d = _decisions(art)[n]
+    assert d["action"] == "hold" and f"the report is of node '{other}', not of {n}" in d["reason"], d
+    assert rl.resets(n) == [] and rl.reboots() == [] and lab.node_states()[n][0] in ("drained", "draining")
+    # the agent's own report, fetched from the node: the Xid 48 it found asks for a GPU reset, which runs and holds
+    rl.until(lambda: lab.node_states()[n][0] == "idle", runs=3, node_repair_reports_dir=str(controller))
+    first = rl.last["gpufleet_repair_plan"]["decisions"]
+    assert len(rl.resets(n)) == 1 and _reboots(rl, n) == 0, (rl.resets(n), rl.reboots(), first)
+    assert not list(controller.iterdir())  # fetched for the plan, never written on the controller
