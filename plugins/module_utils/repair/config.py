@@ -153,6 +153,8 @@ class RepairConfig:
     max_attempts_per_incident: int = 3
     escalate_repairs: int = 5
     escalate_window_s: float = 7 * 86400.0
+    # a new incident inside the cooldown of a verified repair (a relapse) goes to a person at once
+    escalate_relapse: bool = True
     lemon_incidents: int = 4
     lemon_window_s: float = 30 * 86400.0
     lemon_action: str = "replace"
@@ -208,11 +210,15 @@ class RepairConfig:
             kw["max_attempts_per_incident"] = parse_int(
                 top["max_attempts_per_incident"], "max_attempts_per_incident", 1
             )
-        e = _mapping(top.get("escalate"), "escalate", ("repairs", "window"))
+        e = _mapping(top.get("escalate"), "escalate", ("repairs", "window", "relapse"))
         if "repairs" in e:
             kw["escalate_repairs"] = parse_int(e["repairs"], "escalate.repairs", 1)
         if "window" in e:
             kw["escalate_window_s"] = parse_duration(e["window"], "escalate.window")
+        if "relapse" in e:
+            if not isinstance(e["relapse"], bool):
+                raise RepairError(f"escalate.relapse: expected true or false, got {e['relapse']!r}")
+            kw["escalate_relapse"] = e["relapse"]
         lm = _mapping(top.get("lemon"), "lemon", ("incidents", "window", "action"))
         if "incidents" in lm:
             kw["lemon_incidents"] = parse_int(lm["incidents"], "lemon.incidents", 1)
@@ -326,7 +332,8 @@ class RepairConfig:
             "cooldown": self.cooldown_s,
             "budget": {"attempts": self.budget_attempts, "window": self.budget_window_s},
             "max_attempts_per_incident": self.max_attempts_per_incident,
-            "escalate": {"repairs": self.escalate_repairs, "window": self.escalate_window_s},
+            "escalate": {"repairs": self.escalate_repairs, "window": self.escalate_window_s,
+                         "relapse": self.escalate_relapse},
             "lemon": {"incidents": self.lemon_incidents, "window": self.lemon_window_s, "action": self.lemon_action},
             "ladders": {k: list(v) for k, v in self.ladders.items()},
             "modes": dict({"default": self.default_mode}, **self.modes),

@@ -20,7 +20,8 @@ A rule reads the node's :class:`Case` and returns a Decision, or None to let the
 6. ``ttl``: the finding must persist ``ttl`` -> wait (flap suppression).
 7. ``drain``: still in service -> drain (``blast_radius_drain``: hold when a limit forbids it).
    ``draining``: jobs still running -> wait.
-8. ``cooldown``: after the last repaired incident -> wait.
+8. ``cooldown``: after the last repaired incident -> wait; an incident that began inside it (a relapse) ->
+   escalate (``relapse``, unless ``escalate.relapse`` is off).
 9. ``next_step``: ``lemon`` (N incidents in M days) -> replace, ``escalate_repairs`` (N repairs in M days) and
    ``incident_attempts`` -> escalate; ``ladder``: the next rung of the class's ladder (``ladder_exhausted`` ->
    escalate).
@@ -491,11 +492,19 @@ def draining(c: Case) -> Optional[Decision]:
 
 
 def cooldown(c: Case) -> Optional[Decision]:
-    """No new repair before the cooldown after the last repaired incident ends."""
+    """No new repair before the cooldown after the last repaired incident ends. An incident that began inside it
+    (the node failed again soon after a verified repair: the repair did not hold) goes to a person at once when
+    ``escalate.relapse`` is on (the default): another round of the same ladder would not hold either."""
     hist = c.hist
-    if hist is None:  # a rule reached without what the rule order guarantees
-        raise AssertionError("repair rule order: hist is not None")
+    if hist is None or hist.incident is None:  # a rule reached without what the rule order guarantees
+        raise AssertionError("repair rule order: hist is not None and hist.incident is not None")
     until = hist.cooldown_until
+    inc = hist.incident
+    if until is not None and c.config.escalate_relapse and inc.first_seen < until and not inc.steps:
+        closed = until - c.config.cooldown_s
+        return escalate(c, f"relapse: {c.code} {max(0, inc.first_seen - int(closed))}s after the last verified "
+                           f"repair (cooldown until {until}): the repair did not hold; a person should look",
+                        "relapse")
     if until is None or c.now >= until:
         return None
     return c.mk_inc("wait", f"cooldown after the last repair until {until}", "cooldown", earliest=until,

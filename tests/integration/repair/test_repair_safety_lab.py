@@ -546,3 +546,29 @@ def test_the_agents_report_is_fetched_from_the_node_so_nothing_is_repaired_blind
     first = rl.last["gpufleet_repair_plan"]["decisions"]
     assert len(rl.resets(n)) == 1 and _reboots(rl, n) == 0, (rl.resets(n), rl.reboots(), first)
     assert not list(controller.iterdir())  # fetched for the plan, never written on the controller
+
+
+# ---- issue §3, second half --------------------------------------------------------------------------------------
+def test_a_node_that_fails_again_soon_after_its_repair_goes_to_a_person(repair_lab):
+    """Issue: a node verified healthy and resumed was drained again seconds later and went through the same reset
+    again (and again), feeding the lemon rule. A relapse inside the cooldown now goes to a person, loudly."""
+    rl = repair_lab
+    lab = rl.lab
+    n = lab.nodes[1]
+    cfg = {"cooldown": "10m"}
+    rl.inject(n, "xid48", "reset_gpu")
+    rl.drained_by_agent(n)
+    rl.until(lambda: lab.node_states()[n][0] == "idle", runs=3, config=cfg)
+    assert len(rl.resets(n)) == 1
+    rl.inject(n, "xid48", "reset_gpu")  # the same fault, a minute after the verified reset
+    rl.drained_by_agent(n)
+    r, art = rl.run(ok=False, config=cfg)  # an escalation fails the run: AWX shows it red
+    d = _decisions(art)[n]
+    assert (d["action"], d["rule"]) == ("escalate", "relapse") and "did not hold" in d["reason"], d
+    assert len(rl.resets(n)) == 1 and _reboots(rl, n) == 0
+    state, reason = lab.node_states()[n]
+    assert state in ("drained", "draining") and reason.startswith("gpufleet: escalate"), (state, reason)
+    assert rl.history(n)["i"]["e"], rl.history(n)
+    # the next run holds it for a person, and does nothing else
+    _r, art = rl.run(ok=None, config=cfg)
+    assert _decisions(art)[n]["rule"] == "escalated" and len(rl.resets(n)) == 1

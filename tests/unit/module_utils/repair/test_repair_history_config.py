@@ -176,6 +176,7 @@ BAD_CONFIG = [
     ({"blast_radius": {"min_healthy": 2}}, r"^blast_radius\.min_healthy: expected a fraction"),
     ({"blast_radius": {"domains": {"rack": "x"}}}, r"^blast_radius\.domains\.rack"),
     ({"breaker": {"enabled": "yes"}}, r"^breaker\.enabled: expected true or false"),
+    ({"escalate": {"relapse": 1}}, r"^escalate\.relapse: expected true or false, got 1"),
     ({"spares": {"on": ["reboot"]}}, r"^spares\.on\[0\]"),
     ({"step_timeout": {"nap": 1}}, r"^step_timeout: unknown key"),
     ({"reason_prefix": ""}, r"^reason_prefix: expected a non-empty string"),

@@ -191,7 +191,10 @@ TTL_ROWS = [
     ("in-service node drained after ttl", in_service(history=hist(t0=NOW - 400, steps=())), {}, "drain", "drain", NOW),
     ("transient: healthy within ttl resumes", node(rep=HEALTHY, reason_time=NOW - 100), {}, "resume", "healthy_resume",
      NOW),
-    ("cooldown after a repair", node(history=hist(t0=NOW - H, cooldown=NOW + 600)), {}, "wait", "cooldown", NOW + 600),
+    ("a relapse inside the cooldown goes to a person", node(history=hist(t0=NOW - H, cooldown=NOW + 600)), {},
+     "escalate", "relapse", NOW),
+    ("cooldown after a repair, relapse off", node(history=hist(t0=NOW - H, cooldown=NOW + 600)),
+     {"escalate": {"relapse": False}}, "wait", "cooldown", NOW + 600),
     ("cooldown over", node(history=hist(t0=NOW - H, cooldown=NOW - 1)), {}, "reset_gpu", "ladder", NOW),
 ]
 
@@ -211,12 +214,27 @@ def test_resume_closes_incident_and_starts_cooldown():
     assert after.incident is None and after.cooldown_until == NOW + 1800 and after.past[-1][1] == "gpu_memory"
 
 
-def test_cooldown_applies_to_the_next_incident():
+def test_a_node_that_fails_again_inside_the_cooldown_goes_to_a_person():
+    """Issue 27 case 3: a node verified healthy, resumed, and drained again seconds later flapped through the same
+    reset for hours and fed the lemon rule. Now the relapse escalates at once, saying how soon it came back."""
     h = hist(t0=NOW - H, steps=[("reset_gpu", NOW - 1000, OK)])
     after = one(node(rep=HEALTHY, history=h)).history_after
     d = one(node(reason_time=NOW + 400, history=after), now=NOW + 800)  # new fault 400 s after resume, TTL passed
+    assert (d.action, d.rule, d.incident) == ("escalate", "relapse", "2") and d.runnable, d
+    assert "xid48 400s after the last verified repair" in d.reason and "did not hold" in d.reason
+    assert loads(d.history_after).incident.escalated == NOW + 800
+    # the same fault after the cooldown is a new incident like any other: its ladder from the start
+    d = one(node(reason_time=NOW + 1900, history=after), now=NOW + 2300)
+    assert (d.action, d.rule, d.incident) == ("reset_gpu", "ladder", "2")
+
+
+def test_with_relapse_off_the_cooldown_waits_and_the_ladder_starts_again():
+    h = hist(t0=NOW - H, steps=[("reset_gpu", NOW - 1000, OK)])
+    after = one(node(rep=HEALTHY, history=h)).history_after
+    off = cfg(escalate={"relapse": False})
+    d = one(node(reason_time=NOW + 400, history=after), off, now=NOW + 800)
     assert (d.action, d.rule, d.earliest) == ("wait", "cooldown", NOW + 1800)
-    d = one(node(reason_time=NOW + 400, history=after), now=NOW + 1801)
+    d = one(node(reason_time=NOW + 400, history=after), off, now=NOW + 1801)
     assert d.action == "reset_gpu" and d.incident == "2"
 
 

@@ -166,8 +166,17 @@ def test_draining_waits_for_jobs_to_end():
 
 
 def test_cooldown_waits_after_the_last_repair():
+    # an incident first seen after the last repair's cooldown began... and still inside it: a relapse
     d = R.cooldown(case(node(history=hist(cooldown=NOW + 600)), booked=True))
+    assert (d.action, d.rule) == ("escalate", "relapse")
+    off = RepairConfig.from_dict({"escalate": {"relapse": False}})
+    d = R.cooldown(case(node(history=hist(cooldown=NOW + 600)), config=off, booked=True))
     assert (d.rule, d.earliest) == ("cooldown", NOW + 600)
+    # an incident that began after the cooldown ended, and one whose steps already began: no relapse
+    assert R.cooldown(case(node(history=hist(t0=NOW - 60, cooldown=NOW - 120)), booked=True)) is None
+    d = R.cooldown(case(node(history=hist(cooldown=NOW + 600, steps=[("reset_gpu", NOW - 60, "failed")])),
+                        booked=True))
+    assert d.rule == "cooldown"
     assert R.cooldown(case(node(history=hist(cooldown=None)), booked=True)) is None
 
 
