@@ -288,6 +288,8 @@ def _nvidia_smi_xml(deadline: float) -> Optional[str]:
     if not exe:
         return None
     try:
+        # the node agent runs as a systemd/Slurm program, not under AnsibleModule: no run_command
+        # pylint: disable-next=ansible-bad-function
         p = subprocess.run([exe, "-q", "-x"], capture_output=True, text=True, timeout=deadline, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None

@@ -181,6 +181,8 @@ def run_command(argv: List[str], env: Dict[str, str], cwd: str, timeout: float, 
     """Run once: {'exit_code', 'timed_out', 'error'}; the group is killed at the timeout."""
     with open(out_path, "wb") as out:
         try:
+            # a boot script runs in a session of its own so that its whole process group can be killed at the timeout
+            # pylint: disable-next=ansible-bad-function
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     cwd=cwd, env=env, start_new_session=True, close_fds=True)
         except OSError as exc:
