@@ -107,7 +107,9 @@ def test_profile_on_copies_is_idempotent_and_check_mode_writes_nothing(tmp_path,
     r, tasks = run_harden(tmp_path, monkeypatch, extravars)
     assert r.status == "successful", tasks
     conf = (files / "slurm.conf").read_text()
-    for line in ("HealthCheckProgram=/tmp/lab/bin/healthcheck", "HealthCheckInterval=300",
+    # the site's own HealthCheckInterval and HealthCheckNodeState stay (no variable asks to change them), and the
+    # run says what it changes and what it keeps
+    for line in ("HealthCheckProgram=/tmp/lab/bin/healthcheck", "HealthCheckInterval=5",
                  "HealthCheckNodeState=ANY", "RebootProgram=/tmp/lab/bin/fake-reboot", "ResumeTimeout=1800",
                  "SlurmdTimeout=300", "UnkillableStepTimeout=180",
                  f"UnkillableStepProgram={files}/libexec/gpufleet-unkillable-step", "JobRequeue=1",
@@ -122,6 +124,11 @@ def test_profile_on_copies_is_idempotent_and_check_mode_writes_nothing(tmp_path,
     assert os.access(hook, os.X_OK) and "/tmp/lab/bin/healthcheck" in hook.read_text()
     assert os.access(files / "libexec" / "gpufleet-unkillable-step", os.X_OK)
     # the gres change needs a slurmd restart, and the role says so; reconfigure is off here
+    said = " ".join(tasks["Say which of the site's slurm.conf values the profile changes, and which it keeps"][0]["msg"])
+    assert said.startswith("Changing the site's ") and "ResumeTimeout 60 -> 1800" in said, said
+    assert "SlurmdTimeout 30 -> 300" in said and "RebootProgram" not in said, said  # the same program: no change
+    assert "keeping the site's HealthCheckInterval=5, HealthCheckNodeState=ANY" in said, said
+    assert "HealthCheckInterval 5" not in said and "HealthCheckProgram" not in said  # the same program: no change
     report = tasks["Report that a restart is needed"][0]
     assert "AutoDetect" in report["msg"]
     assert tasks["Reconfigure slurm"][0]["_event"] == "runner_on_skipped"
@@ -208,6 +215,7 @@ def test_profile_applied_to_the_lab_twice_and_accepted_by_slurmctld(lab, tmp_pat
     extravars = role_vars(work, lab.conf, gres, str(lab.dir / "bin" / "healthcheck"),
                           str(lab.dir / "bin" / "fake-reboot"), reconfigure=True)
     extravars["slurm_reliability_backup"] = False
+    site_interval = re.search(r"(?m)^HealthCheckInterval=(\d+)$", original.decode())[1]  # kept: no variable set
     try:
         r, tasks = run_harden(tmp_path, monkeypatch, extravars)
         assert r.status == "successful", tasks
@@ -223,7 +231,7 @@ def test_profile_applied_to_the_lab_twice_and_accepted_by_slurmctld(lab, tmp_pat
         assert re.search(r"Gres Name=gpu Type=h100 Count=8\b", gres_out), gres_out
 
         config = {k: wait_config(lab, k, lambda v, want=want: v is not None and v.startswith(want))
-                  for k, want in (("HealthCheckInterval", "300"), ("SlurmdTimeout", "300"),
+                  for k, want in (("HealthCheckInterval", site_interval), ("SlurmdTimeout", "300"),
                                   ("ResumeTimeout", "1800"), ("UnkillableStepTimeout", "180"))}
         config.update(show_config(lab))
         assert config["HealthCheckProgram"] == str(lab.dir / "bin" / "healthcheck")

@@ -357,7 +357,8 @@ def test_include_mode_only_reads_a_templated_slurm_conf(tmp_path, installed_coll
     assert changed(r) == 0, tasks
     text = ours.read_text()
     assert f"HealthCheckProgram={base}/libexec/gpufleet-healthcheck-chain\n" in text
-    assert "HealthCheckInterval=300\n" in text and "PrologFlags=Contain,X11,Alloc,DeferBatch\n" in text
+    # the site's HealthCheckInterval is its own (before the Include line): our file does not override it
+    assert "HealthCheckInterval" not in text and "PrologFlags=Contain,X11,Alloc,DeferBatch\n" in text
     assert "ClusterName" not in text and "NodeName" not in text
 
 
