@@ -125,12 +125,13 @@ class InstalledRepairLab(RepairLab):
         return r, artifacts
 
 
-def harden(installed, tmp: Path, extravars: dict, cmdline: str = ""):
-    """harden_slurm.yml of the installed collection, run from the site's project; returns (runner, tasks)."""
+def harden(installed, tmp: Path, extravars: dict, cmdline: str = "", play=None):
+    """harden_slurm.yml of the installed collection (or the site's own ``play``), run from the site's project;
+    returns (runner, tasks)."""
     n = len(list(tmp.glob("harden-*")))
     pdd = tmp / f"harden-{n}"
     (pdd / "project").mkdir(parents=True)
-    (pdd / "project" / "play.yml").write_text(yaml.safe_dump(
+    (pdd / "project" / "play.yml").write_text(yaml.safe_dump(play or
         [{"name": "harden", "ansible.builtin.import_playbook": "gpufleet.reliability.harden_slurm"}]))
     env = dict(installed.ansible_env)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"]
@@ -305,6 +306,38 @@ def test_refuse_names_the_settings_and_changes_nothing(tmp_path, installed_colle
     msg = failed_msg(tasks)
     assert "HealthCheckProgram=/usr/sbin/nhc and Epilog=/etc/slurm/epilog.sh" in msg, msg
     assert "slurm_reliability_existing_programs" in msg and "nothing was changed" in msg
+    assert tree(base) == {"slurm.conf": SITE_CONF.encode()}
+
+
+def test_refuse_in_a_play_with_other_roles_comes_before_any_of_them(tmp_path, installed_collection):
+    """Issue 26: refuse stopped in slurm_reliability, after gpu_health (earlier in the same play) had installed its
+    agent. The preflight entry point in pre_tasks refuses before any role runs; without it, the control, the agent's
+    code is on the node when the refusal comes."""
+    base = tmp_path / "etc"
+    base.mkdir()
+    (base / "slurm.conf").write_text(SITE_CONF)
+    node = tmp_path / "node"  # where gpu_health installs, in this test
+    health = {"gpu_health_lib_dir": str(node / "lib"), "gpu_health_venv": str(node / "venv"),
+              "gpu_health_install_nvml": False, "gpu_health_agent_path": str(node / "bin" / "gpufleet-health"),
+              "gpu_health_healthcheck_path": str(node / "sbin" / "gpufleet-healthcheck"),
+              "gpu_health_config_dir": str(node / "etc"), "gpu_health_state_dir": str(node / "state"),
+              "gpu_health_textfile_dir": "", "gpu_health_systemd_dir": str(node / "systemd")}
+
+    def site_play(preflight):
+        pre = [{"name": "Check the site's slurm.conf before any role changes the node",
+                "ansible.builtin.include_role": {"name": "gpufleet.reliability.slurm_reliability",
+                                                 "tasks_from": "preflight"}}]
+        return [{"name": "A GPU node, as a site writes it", "hosts": "localhost", "gather_facts": False,
+                 "pre_tasks": pre if preflight else [],
+                 "roles": ["gpufleet.reliability.gpu_health", "gpufleet.reliability.slurm_reliability"]}]
+
+    settings = {**copy_vars(base), **health, "slurm_reliability_existing_programs": "refuse"}
+    r, tasks = harden(installed_collection, tmp_path, settings, play=site_play(False))
+    assert r.status == "failed" and node.exists() and any(node.rglob("*.py")), tasks  # the control: installed
+    shutil.rmtree(node)
+    r, tasks = harden(installed_collection, tmp_path, settings, play=site_play(True))
+    assert r.status == "failed"
+    assert "slurm_reliability_existing_programs" in failed_msg(tasks) and not node.exists(), tasks
     assert tree(base) == {"slurm.conf": SITE_CONF.encode()}
 
 
