@@ -123,12 +123,13 @@ def test_profile_on_copies_is_idempotent_and_check_mode_writes_nothing(tmp_path,
     hook = files / "epilog.d" / "50-gpufleet-health"
     assert os.access(hook, os.X_OK) and "/tmp/lab/bin/healthcheck" in hook.read_text()
     assert os.access(files / "libexec" / "gpufleet-unkillable-step", os.X_OK)
-    # the gres change needs a slurmd restart, and the role says so; reconfigure is off here
-    said = " ".join(tasks["Say which of the site's slurm.conf values the profile changes, and which it keeps"][0]["msg"])
+    said = " ".join(tasks["Say which of the site's slurm.conf values the profile changes, and which it keeps"]
+                    [0]["msg"])
     assert said.startswith("Changing the site's ") and "ResumeTimeout 60 -> 1800" in said, said
     assert "SlurmdTimeout 30 -> 300" in said and "RebootProgram" not in said, said  # the same program: no change
     assert "keeping the site's HealthCheckInterval=5, HealthCheckNodeState=ANY" in said, said
     assert "HealthCheckInterval 5" not in said and "HealthCheckProgram" not in said  # the same program: no change
+    # the gres change needs a slurmd restart, and the role says so; reconfigure is off here
     report = tasks["Report that a restart is needed"][0]
     assert "AutoDetect" in report["msg"]
     assert tasks["Reconfigure slurm"][0]["_event"] == "runner_on_skipped"
