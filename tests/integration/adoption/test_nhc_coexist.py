@@ -131,8 +131,8 @@ def harden(installed, tmp: Path, extravars: dict, cmdline: str = "", play=None):
     n = len(list(tmp.glob("harden-*")))
     pdd = tmp / f"harden-{n}"
     (pdd / "project").mkdir(parents=True)
-    (pdd / "project" / "play.yml").write_text(yaml.safe_dump(play or
-        [{"name": "harden", "ansible.builtin.import_playbook": "gpufleet.reliability.harden_slurm"}]))
+    default = [{"name": "harden", "ansible.builtin.import_playbook": "gpufleet.reliability.harden_slurm"}]
+    (pdd / "project" / "play.yml").write_text(yaml.safe_dump(play or default))
     env = dict(installed.ansible_env)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"]
     r = ansible_runner.run(
