@@ -30,8 +30,15 @@ def _decisions(art):
 
 def _kill_after_intent(rl, node, step="b", sig=signal.SIGKILL, taken=False):
     """Start repair.yml, wait until it wrote the intent for ``step`` on ``node`` (and, with ``taken``, until Slurm
-    ran the reboot), then send ``sig`` to its process group and reap it."""
-    proc = rl.start_async()
+    ran the reboot), then send ``sig`` to its process group and reap it.
+
+    The run's verification waits for a flag this function sets after the kill, so the kill always lands between the
+    intent and the step's outcome (the steps are quick enough now that a loaded machine's poll could see the
+    intent only after the run had verified and closed the incident). The flag is set a second after the signal
+    (Ansible, told to stop, waits for the task in flight, and its workers outlive a kill of the run: they call
+    setsid), so the blocked verification ends and no further task starts."""
+    flag = rl.tmp / f"release-{rl.runs}"
+    proc = rl.start_async(node_repair_verify_command=["bash", "-c", f"until [ -e {flag} ]; do sleep 0.2; done"])
 
     def ready():
         steps = rl.history(node).get("i", {}).get("s", [])
@@ -44,11 +51,38 @@ def _kill_after_intent(rl, node, step="b", sig=signal.SIGKILL, taken=False):
         wait_until(ready, timeout=180, what=f"{step} intent on {node}")
         assert proc.poll() is None, "the run ended before it could be interrupted"
         os.killpg(proc.pid, sig)
+        # on SIGINT Ansible waits for the task in flight: let the verification end once the signal is in
+        time.sleep(1)
+        flag.touch()
         proc.wait(timeout=60)
     finally:
+        flag.touch()
         rl.kill(proc)
+    # Ansible's workers outlive the kill of the run (setsid) and finish the task in flight, which may be the reboot:
+    # wait until none is left and Slurm has carried out a reboot they asked for, so what follows sees all of it
+    varfile = str(proc.args[-1]).lstrip("@").encode()
+    wait_until(lambda: not _processes_with(varfile), timeout=120, interval=0.2, what="the killed run's workers")
+    wait_until(lambda: not REBOOTING & set(SlurmClient(backend="cli").node(node).flags), timeout=120,
+               interval=0.5, what=f"a reboot of {node} asked for by the killed run")
     steps = rl.history(node)["i"]["s"]
     assert steps[-1][0] == step and steps[-1][2] is None, rl.history(node)
+
+
+REBOOTING = {"REBOOT_REQUESTED", "REBOOT_ISSUED"}
+
+
+def _processes_with(arg: bytes) -> list:
+    """PIDs whose command line holds ``arg``."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as fh:
+                    if arg in fh.read():
+                        out.append(int(d))
+            except OSError:
+                pass
+    return out
 
 
 def _reboots(rl, node):
