@@ -168,16 +168,19 @@ binary_path() {
 }
 
 # --- PID safety --------------------------------------------------------------------------------------------
-# verified_pid PIDFILE BINARY: print the PID if it is alive, runs BINARY and belongs to this lab; remove a
-# stale PID file. Nothing is ever signalled by name.
+# verified_pid PIDFILE BINARY [prune]: print the PID if it is alive, runs BINARY and belongs to this lab. Nothing
+# is ever signalled by name. Only stop passes "prune", which removes a stale PID file: a check that only looks
+# must not, because Slurm >= 23.11 re-execs slurmctld on reconfigure and the new process writes its PID over the
+# old one's - a look that read the old PID, found it gone and removed the file would remove the new PID with it,
+# and the lab would lose track of a running slurmctld.
 verified_pid() {
-  local pidfile=$1 binary=$2 pid exe
+  local pidfile=$1 binary=$2 prune=${3:-} pid exe
   [[ -f "$pidfile" ]] || return 1
   pid=$(tr -dc '0-9' <"$pidfile" 2>/dev/null || true)
-  if [[ -z "$pid" || ! -d /proc/$pid ]]; then rm -f "$pidfile"; return 1; fi
+  if [[ -z "$pid" || ! -d /proc/$pid ]]; then [[ -z "$prune" ]] || rm -f "$pidfile"; return 1; fi
   if ! tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -Fxq "SLURM_CONF=$CONF" &&
     ! tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | grep -Fq "$LAB"; then
-    rm -f "$pidfile"  # a recycled PID: not ours
+    [[ -z "$prune" ]] || rm -f "$pidfile"  # a recycled PID: not ours
     return 1
   fi
   exe=$(readlink "/proc/$pid/exe" 2>/dev/null || true)
@@ -185,7 +188,7 @@ verified_pid() {
   if [[ "$exe" != "$(binary_path "$binary")" ]]; then
     # Ours, but another binary (a lab of the other release in this directory): keep the PID file.
     [[ "$exe" == */"${binary##*/}"* ]] && log "pid $pid in $pidfile runs $exe, not $(binary_path "$binary")"
-    [[ "$exe" == */"${binary##*/}"* ]] || rm -f "$pidfile"
+    [[ "$exe" == */"${binary##*/}"* || -z "$prune" ]] || rm -f "$pidfile"
     return 1
   fi
   echo "$pid"
@@ -216,7 +219,7 @@ stop_pids() {
   local -a pids=() files=()
   for spec in "$@"; do
     IFS=: read -r name pidfile binary <<<"$spec"
-    if pid=$(verified_pid "$pidfile" "$binary"); then
+    if pid=$(verified_pid "$pidfile" "$binary" prune); then
       log "stopping $name (pid $pid)"
       kill -TERM "$pid" 2>/dev/null || true
       pids+=("$pid"); files+=("$pidfile")
