@@ -301,7 +301,7 @@ class Sim:
                       "proactive_drains": 0, "escalations": 0, "faults": 0, "faults_idle": 0, "brain_calls": 0,
                       "approvals": 0, "lemon_faults": 0, "peak_out": 0, "pool_empty": 0, "false_positives": 0,
                       "technician_wait_h": 0.0,
-                      "agent_drains": 0, "agent_held": 0, "plan_drains": 0, "decisions": 0, "peak_run": 0,
+                      "agent_drains": 0, "agent_deferred": 0, "plan_drains": 0, "decisions": 0, "peak_run": 0,
                       "breaker_trips": 0,
                       "events": 0}
         self.waiting_jobs: list[Job] = []
@@ -931,7 +931,9 @@ class Sim:
         now_s = float(to_epoch(env.now))
         sl = self._slurm(n)
         if not proactive:  # a proactive drain (agent or plan) left the record drained by us, with its history
-            if wants_drain(v["report"]):  # the agent drains a node whose report asks for it
+            # a fault: the node cannot run jobs (the live probe, which the simulator does not replay, finds the GPU
+            # lost or in need of a reset), so the agent's rule drains it at once when its report asks for a drain
+            if wants_drain(v["report"]):
                 sl.state, sl.flags, sl.reason, sl.reason_user = "idle", _DRAIN, v["drain_reason"], "root"
             elif v["verdict"] == "healthy":  # nothing a check sees: Slurm finds the node not responding
                 sl.state, sl.flags, sl.reason, sl.reason_user = "down", _NO_FLAGS, "Not responding", "slurm"
@@ -1060,12 +1062,12 @@ class Sim:
     def _warning(self, n: int, v: dict, seen: float, deadline: float, alive):
         """A health check finds ``v`` (a judge() result) on node ``n``, in a job, at ``seen``.
 
-        First the node agent: the shipped drain rule (``repair.drain.drain_decision``) drains it at once when the
-        report asks for a drain and the limits and breaker allow. A warning the agent leaves in service waits for
-        the repair runs (every ``run_interval``), where the real ``plan()`` decides: TTL, blast radius, breaker,
-        approval gate (an approval takes ``approval_delay``); in manual mode a person then drains it during
-        business hours. Returns True when the node is drained now (its Slurm record drained by us), False when
-        it stays in service (held, or ``deadline`` / ``alive()`` came first)."""
+        First the node agent: the shipped drain rule (``repair.drain.drain_decision``) drains it at once only when
+        it cannot run jobs; a warning (the node still runs jobs) it leaves to the repair runs (every
+        ``run_interval``), where the real ``plan()`` decides: TTL, blast radius, breaker, approval gate (an
+        approval takes ``approval_delay``); in manual mode a person then drains it during business hours. Returns
+        True when the node is drained now (its Slurm record drained by us), False when it stays in service (held,
+        or ``deadline`` / ``alive()`` came first)."""
         env = self.env
         if seen > env.now:
             yield env.timeout(seen - env.now)
@@ -1082,7 +1084,7 @@ class Sim:
                 sl.state, sl.flags, sl.reason, sl.reason_user = "idle", _DRAIN, dd.reason or v["drain_reason"], "root"
                 sl.reason_time = float(to_epoch(env.now))
                 return True
-            self.stats["agent_held"] += 1
+            self.stats["agent_deferred"] += 1
         approvals: set = set()
         t = self.next_run(env.now)
         for _guard in range(200):

@@ -30,7 +30,6 @@ DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
 REASON_PREFIX = "gpufleet:"
 EXIT_USAGE = 64
 # Seconds past the second of our drain before we look again (clock skew between the nodes and slurmctld).
-DRAIN_SETTLE_S = 2.0
 PROM_FILE = metrics.PROM_FILE
 
 
@@ -74,7 +73,6 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--repair-config", metavar="FILE", help="with --slurm: drain through the repair policy's limits "
                    "(blast_radius, breaker) read from FILE (JSON, or YAML), or its defaults with 'default'; a node "
                    "that cannot run jobs is drained at once. Without it, --slurm drains whenever the report asks")
-    c.add_argument("--drain-settle", type=float, default=DRAIN_SETTLE_S, metavar="S", help=argparse.SUPPRESS)
     c.add_argument("--node", metavar="NAME", help="Slurm node name (default: $SLURMD_NODENAME or the hostname)")
     c.add_argument("--textfile", metavar="DIR", help="write Prometheus metrics for node_exporter's textfile dir")
     c.add_argument("--record", metavar="DIR", help="also save the snapshot and kernel log as a fixture")
@@ -163,17 +161,17 @@ def node_name(args: Optional[argparse.Namespace] = None) -> str:
     return os.environ.get("SLURMD_NODENAME") or _hostname()
 
 
-def slurm_act(report: Report, name: str, client: Any = None, limits: Any = None, settle: float = DRAIN_SETTLE_S,
-              sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time) -> Dict[str, Any]:
+def slurm_act(report: Report, name: str, client: Any = None, limits: Any = None,
+              clock: Callable[[], float] = time.time) -> Dict[str, Any]:
     """Drain our own node when unhealthy, or when a finding asks for a drain although no automatic repair applies
     (``report.drain``, e.g. a node-level power brake: verdict degraded, action monitor); never touch a node
-    drained/downed by someone else; never resume, except to take back our own warning drain of this very run.
+    drained/downed by someone else; never resume.
 
     ``limits`` (the repair policy config, a dict or RepairConfig; None = no limits) makes the drain go through
-    the repair policy's rule, ``repair.drain.drain_decision``: a node that cannot run jobs drains at once, a
-    warning only within the limits and the breaker. Agents on other nodes decide at the same time, so the drain
-    is made first and decided again once every earlier drain is visible (``settle`` s after the second of our
-    drain); a warning drain the rule then refuses is taken back (action ``yielded``)."""
+    the repair policy's rule, ``repair.drain.drain_decision``: a node that cannot run jobs drains at once (read
+    with the whole fleet, so the result says how it stands against the limits and the breaker); a warning is
+    not drained here (action ``defer``): the repair run decides it, one writer with the whole fleet in view. So
+    agents deciding at the same moment never take nodes that still run jobs out of service."""
     result: Dict[str, Any] = {"node": name, "action": "none", "reason": None}
     if not (report.verdict == "unhealthy" or report.drain):
         return result
@@ -181,7 +179,7 @@ def slurm_act(report: Report, name: str, client: Any = None, limits: Any = None,
     result["reason"] = reason
     try:
         from ..repair import RepairError
-        from ..repair.drain import drain_decision
+        from ..repair.drain import cannot_run_jobs, drain_decision
         from ..repair.owner import IN_MAINTENANCE, drained_by, foreign_reason
         from ..slurm import SlurmClient, SlurmError
     except ImportError as exc:  # pragma: no cover - the role always ships slurm.py and repair/
@@ -203,34 +201,16 @@ def slurm_act(report: Report, name: str, client: Any = None, limits: Any = None,
             client.drain([name], reason)
             result["action"] = "drained"
             return result
-        first = drain_decision(report, name, client.nodes().values(), limits, clock(), reason=reason)
-        result.update(forced=first.forced, rule=first.rule, detail=first.detail)
-        if first.breaker:
-            result["breaker"] = first.breaker
-        if first.action != "drain":
-            result["action"] = "held" if first.action == "hold" else first.action
-            return result
-        client.drain([name], reason)
-        drained_at = client.node(name).reason_time or int(clock())
-        wait = drained_at + 1 + settle - clock()
-        if wait > 0:
-            sleep(wait)
-        nodes = client.nodes()
-        again = drain_decision(report, name, nodes.values(), limits, clock(), drained_at=drained_at, reason=reason)
-        result.update(rule=again.rule, detail=again.detail)
-        if again.breaker:
-            result["breaker"] = again.breaker
-        if again.action == "drain":
+        nodes = client.nodes().values() if cannot_run_jobs(report) else [client.node(name)]
+        decision = drain_decision(report, name, nodes, limits, clock(), reason=reason)
+        result.update(forced=decision.forced, rule=decision.rule, detail=decision.detail)
+        if decision.breaker:
+            result["breaker"] = decision.breaker
+        if decision.action == "drain":
+            client.drain([name], reason)
             result["action"] = "drained"
-        elif again.action == "hold":
-            me = nodes.get(name)
-            if me is not None and (me.reason or "").strip() == reason and me.reason_time == drained_at:
-                client.resume([name])
-                result["action"] = "yielded"
-            else:
-                result.update(action="left_alone", detail=f"changed by someone else meanwhile: {again.detail}")
         else:
-            result["action"] = again.action
+            result["action"] = decision.action
     except (SlurmError, RepairError, ValueError) as exc:
         result.update(action="error", detail=str(exc))
     return result
@@ -351,7 +331,7 @@ def check(args: argparse.Namespace) -> int:
         except OSError as exc:
             notes.append(f"state not saved: {args.state_file}: {exc.strerror or exc}")
     name = node_name(args)
-    slurm = slurm_act(report, name, limits=limits, settle=args.drain_settle) if args.slurm else None
+    slurm = slurm_act(report, name, limits=limits) if args.slurm else None
     if slurm and slurm["action"] == "error":
         notes.append(f"slurm: {slurm.get('detail')}")
     if slurm and slurm.get("breaker"):

@@ -163,8 +163,9 @@ def prometheus_text(report: Report, snap: Optional[Snapshot], duration_s: float,
         w.metric("gpufleet_health_slurm_drained", "1 when the node is drained with a gpufleet reason (drained by "
                  "this check or an earlier one).", "gauge",
                  [(n, int(slurm.get("action") in ("drained", "already_drained")))])
-        w.metric("gpufleet_health_drain_held", "1 when the node should drain but the repair policy's drain limits "
-                 "or its tripped breaker held the drain back.", "gauge", [(n, int(slurm.get("action") == "held"))])
+        w.metric("gpufleet_health_drain_held", "1 when the report asks for a drain that the agent leaves to the "
+                 "repair run (a warning: the node still runs jobs), until the node is drained.", "gauge",
+                 [(n, int(slurm.get("action") == "defer"))])
     if counters is not None:
         _counters(w, node, snap, counters)
     if snap is not None:

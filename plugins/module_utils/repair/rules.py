@@ -12,7 +12,8 @@ A rule reads the node's :class:`Case` and returns a Decision, or None to let the
    after the intent for a reboot) -> wait, until a report newer than the proof verifies it (ok -> resume), fails
    it, or it times out; without proof it is never failed and ends ``unproven`` (offered again, not counted as
    tried); a reboot Slurm never took is forgotten.
-3. ``drain_requested``: degraded and the health check asks for a drain -> hold for a person.
+3. ``drain_requested``: degraded and the health check asks for a drain -> drain (within the breaker and the
+   limits) while in service, then hold for a person.
    ``healthy``: healthy (or degraded with nothing to do and ``resume_degraded``) -> resume when drained by us
    (``healthy_resume``), else ``healthy_in_service`` or ``breaker``; ``degraded_monitor`` otherwise.
 4. ``escalated``: the incident was escalated -> hold until a person takes the node back.
@@ -342,14 +343,28 @@ def in_progress(c: Case) -> Optional[Decision]:
 # ------------------------------------------------------------------------------------------------
 def drain_requested(c: Case) -> Optional[Decision]:
     """Degraded with a drain request (a node-level problem such as a power brake on every GPU): no automatic
-    repair applies and resuming would undo the agent's drain; the node waits for a person."""
+    repair applies. In service, the node still runs jobs, so its agent left the drain to this run: drain it when
+    the breaker and the limits allow (``blast_radius_drain`` / ``breaker`` hold it otherwise). Drained by us: it
+    waits for a person (resuming would undo the drain)."""
     report = c.n.report
     if c.actionable or c.verdict != "degraded" or not isinstance(report, Mapping) or report.get("drain") is not True:
         return None
+    what = report.get("code") or c.report_action
+    if not c.n.out_of_service:
+        if c.brk.tripped:
+            return c.mk("hold", f"should drain ({what}) but the circuit breaker is tripped ({c.brk.reason}); a "
+                        "person must reset it", "breaker", hist=c.before())
+        block = c.limits.drain_block(c.n)
+        if block:
+            return c.mk("hold", f"should drain ({what}) but {block}", "blast_radius_drain", hist=c.before())
+        c.limits.take_drain(c.n)
+        d = c.mk("drain", f"degraded ({what}) and the health check asks for the node out of service",
+                 "drain_requested", hist=c.before())
+        return gate(d, c.config, c.approved, c.now)
     return c.mk(
         "hold",
-        "degraded ({}) and the health check asks for the node out of service: a person investigates, "
-        "then resumes it".format(report.get("code") or c.report_action),
+        f"degraded ({what}) and the health check asks for the node out of service: a person investigates, "
+        "then resumes it",
         "drain_requested",
         hist=c.before(),
     )

@@ -3,9 +3,10 @@
 """A storm on 16 nodes: the real agent (`gpufleet-health check --slurm --repair-config`) as the HealthCheckProgram
 of 16 real slurmd, a replayed sick capture on every node at once.
 
-Warnings (a replayed Xid 79 kernel log; the probe still sees every GPU) stop at the repair policy's limits
-(max_unavailable, the last available node of a partition) or, where the limits allow more, at the circuit breaker,
-which every held node then reports. Nodes whose GPU is lost (the probe) are all drained at once and counted.
+Warnings (a replayed Xid 79 kernel log; the probe still sees every GPU) are never drained by the agents, not even
+for a moment: each agent leaves its warning to the repair run (one writer, which drains within the limits; its lab
+tests show that part). Before, 13 agents drained within 0.15 s and 12 took it back 2.8 s later. Nodes whose GPU is
+lost (the probe) are all drained at once, whatever the limits.
 
 This module runs its own 16-node lab (a block of its own from the lab factory; SLURM_STORM_LAB_PORT_BASE asks for one),
 with a second partition ``pair`` = the last two nodes, and stops it at the end.
@@ -28,7 +29,6 @@ XID79 = REPO / "tests" / "fixtures" / "gpu" / "kmsg-fallen-off-bus-without-xid.l
 AGENT = Path(sys.executable).parent / "gpufleet-health"
 N = 16
 INTERVAL = 10
-BREAKER = "circuit breaker tripped: 8 nodes drained by gpufleet within 300s (threshold 8 of 16)"
 
 pytestmark = pytest.mark.lab
 
@@ -58,8 +58,9 @@ def storm(storm_lab, tmp_path):
 set -u
 node=${{SLURMD_NODENAME:?}}
 d={shlex.quote(str(d))}
+mkdir -p "$d/tf-$node"
 args=(check --slurm --json --node "$node" --state-file "$d/$node.state" --expected-gpus 8
-      --repair-config "$d/repair.json")
+      --repair-config "$d/repair.json" --textfile "$d/tf-$node")
 fake="$d/$node.fake.json"
 [[ -f "$fake" ]] || fake="$d/healthy.json"
 args+=(--fake-nvml "$fake")
@@ -113,8 +114,7 @@ def drained(lab) -> dict:
 
 
 def settle(lab, d, want: int, timeout: float = 300) -> dict:
-    """Poll until ``want`` nodes are drained (a warning that gave way to one that gave way too drains at its next
-    check), then check that it stays so for two more checks of every node."""
+    """Poll until ``want`` nodes are drained, then check that it stays so for two more checks of every node."""
     deadline = time.monotonic() + timeout
     while len(drained(lab)) != want:
         if time.monotonic() > deadline:
@@ -132,47 +132,33 @@ def sick_everywhere(lab, d):
         (d / f"{node}.kmsg").write_text(text)
 
 
-def test_warning_storm_stops_at_max_unavailable_and_keeps_the_last_node(storm):
+def test_a_warning_storm_never_takes_a_node_out_of_service(storm):
     lab, d = storm
     wait_runs(lab, d, 1)
     sick_everywhere(lab, d)
-    wait_runs(lab, d, 2)
-    out = settle(lab, d, 3)  # max_unavailable 20 % of 16
-    assert all(r.startswith("gpufleet: xid79") for r in out.values()), out
-    assert not {f"node{N - 1}", f"node{N}"} <= set(out), out  # partition pair keeps an available node
+    # Watch Slurm as closely as sinfo allows while every agent checks twice: a drain that lasted even a fraction of
+    # a second (the old drain-then-take-back) shows here.
+    start = {node: runs(d, node) for node in lab.nodes}
+    deadline = time.monotonic() + 240
+    looks = 0
+    while any(runs(d, node) < start[node] + 2 for node in lab.nodes):
+        assert time.monotonic() < deadline, {node: runs(d, node) - start[node] for node in lab.nodes}
+        assert drained(lab) == {}, drained(lab)
+        looks += 1
+    assert looks > 10, looks
     for node in lab.nodes:
         last = json.loads((d / f"{node}.last.json").read_text())
         assert last["verdict"] == "unhealthy" and last["code"].startswith("xid79"), last
-        if node in out:
-            assert last["slurm"]["action"] == "already_drained", last["slurm"]
-        else:
-            s = last["slurm"]
-            assert s["action"] == "held" and s["rule"] == "blast_radius" and not s["forced"], s
-            assert ("limit 3" in s["detail"]) or ("partition pair" in s["detail"]), s
-            assert "breaker" not in s
-    # every drain kept is one the rule allowed; every other one was taken back by its own agent
-    for node in lab.nodes:
-        for h in history(d, node):
-            assert h["slurm"]["action"] in ("none", "drained", "yielded", "held", "already_drained"), h["slurm"]
+        s = last["slurm"]
+        assert (s["action"], s["rule"], s["forced"]) == ("defer", "one_writer", False), s
+        assert "repair run" in s["detail"] and "breaker" not in s
+        # the metric the repair loop's alert (GpufleetDrainWanted) starts a repair run on
+        prom = (d / f"tf-{node}" / "gpufleet_health.prom").read_text()
+        assert f'gpufleet_health_drain_held{{node="{node}"}} 1' in prom, prom
+        assert {h["slurm"]["action"] for h in history(d, node)} <= {"none", "defer"}
 
 
-def test_breaker_trips_where_the_limits_allow_more_and_says_so(storm):
-    lab, d = storm
-    (d / "repair.json").write_text(json.dumps({"blast_radius": {"max_unavailable": "100%", "min_healthy": 0}}))
-    wait_runs(lab, d, 1)
-    sick_everywhere(lab, d)
-    wait_runs(lab, d, 2)
-    out = settle(lab, d, 7)  # the 8th drain within 300 s would trip the breaker (50 % of 16)
-    assert not {f"node{N - 1}", f"node{N}"} <= set(out), out
-    held = [node for node in lab.nodes if node not in out]
-    for node in held:
-        s = json.loads((d / f"{node}.last.json").read_text())["slurm"]
-        assert s["action"] == "held" and s["rule"] == "breaker", s
-        assert s["breaker"].startswith(BREAKER), s
-        assert "circuit breaker tripped" in (d / f"{node}.last.err").read_text()
-
-
-def test_lost_gpus_drain_at_once_count_and_trip_the_breaker(storm):
+def test_lost_gpus_drain_at_once_whatever_the_limits(storm):
     lab, d = storm
     wait_runs(lab, d, 1)
     lost = json.dumps({"devices": [{"index": 3, "fail": {"mode": "lost", "after_calls": 5}}]})
@@ -187,7 +173,7 @@ def test_lost_gpus_drain_at_once_count_and_trip_the_breaker(storm):
                 drains[node] = h["slurm"]
     assert sorted(drains) == sorted(lab.nodes), drains
     assert all(s["forced"] and s["rule"] == "cannot_run_jobs" for s in drains.values()), drains
-    # counted: the drains from the 8th on (by reason time, then name) find the breaker tripped and say so
-    loud = [node for node, s in drains.items() if s.get("breaker", "").startswith("circuit breaker tripped")]
-    assert len(loud) >= N - 7, drains
-    assert any("counts against the limits" in s["detail"] for s in drains.values()), drains
+    # each agent decides once, from its own reading: one that already sees 7 drains by us within the window says
+    # the breaker tripped (in a storm this simultaneous few do; the repair run's breaker is the one that pages)
+    for s in drains.values():
+        assert s.get("breaker", "circuit breaker tripped: ").startswith("circuit breaker tripped: "), s

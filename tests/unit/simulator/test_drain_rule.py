@@ -69,22 +69,26 @@ def test_default_xid63_precursor_is_not_drained_by_the_agent():
     assert rec.drained_by(cfg.reason_prefix) and rec.history is not None
 
 
-def test_unhealthy_report_is_drained_by_the_agent_rule_at_the_check():
+def test_unhealthy_warning_is_left_by_the_agent_and_drained_by_the_repair_run():
+    """Xid 79 in the kernel log while the GPU still answers (a warning): the agent's rule defers it, and the
+    repair run's plan() drains it, after the TTL, at a run."""
     sim, _sc = _sim()
     v = sim.brain.judge(("NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=python, GPU has fallen off the bus.",))
     assert wants_drain(v["report"])
     direct = drain_decision(v["report"], "node000003", sim.slurm_nodes(), sim.brain.repair_config, to_epoch(2.0),
                             reason=v["drain_reason"])
-    assert direct.action == "drain"
+    assert (direct.action, direct.rule) == ("defer", "one_writer")
     out = _drive(sim, 3, v, 2.0)
-    assert out == {"drained": True, "at": 2.0}
-    assert sim.stats["agent_drains"] == 1 and sim.brain.calls["drain_rule"] == 1 and sim.stats["plan_drains"] == 0
-    assert sim.recs[3].slurm.reason == v["drain_reason"]
+    cfg = sim.brain.repair_config
+    assert out["drained"] is True and out["at"] >= 2.0 + cfg.ttl_s / 3600.0 - 1e-9
+    assert sim.stats["agent_drains"] == 0 and sim.stats["agent_deferred"] == 1 and sim.stats["plan_drains"] == 1
+    assert sim.brain.calls["drain_rule"] == 1
+    assert sim.recs[3].slurm.drained_by(cfg.reason_prefix)
 
 
-def test_agent_rule_holds_a_warning_when_max_unavailable_is_reached():
-    """With a fifth of the partition out of service, the agent's rule holds the warning and plan() holds it too:
-    the node stays in service (the old engine drained it anyway)."""
+def test_a_warning_stays_in_service_when_max_unavailable_is_reached():
+    """With a fifth of the partition out of service, the agent defers the warning and plan() holds it: the node
+    stays in service (the old engine drained it anyway)."""
     sim, _sc = _sim()
     v = sim.brain.judge(("NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=python, GPU has fallen off the bus.",))
     cfg = sim.brain.repair_config
@@ -93,10 +97,10 @@ def test_agent_rule_holds_a_warning_when_max_unavailable_is_reached():
         sim._take_out(n)
     direct = drain_decision(v["report"], "node000003", sim.slurm_nodes(), cfg, to_epoch(2.0),
                             reason=v["drain_reason"])
-    assert direct.action == "hold" and direct.rule == "blast_radius"
-    out = _drive(sim, 3, v, 2.0)
+    assert direct.action == "defer"
+    out = _drive(sim, 3, v, 2.0, deadline=6.0)
     assert out["drained"] is False
-    assert sim.stats["agent_held"] == 1 and sim.stats["agent_drains"] == 0 and sim.stats["plan_drains"] == 0
+    assert sim.stats["agent_deferred"] == 1 and sim.stats["agent_drains"] == 0 and sim.stats["plan_drains"] == 0
 
 
 def test_monitor_report_is_never_drained():
@@ -146,7 +150,8 @@ class _RuleChecked:
 
 def test_engine_drain_rule_equals_drain_decision_on_whole_runs():
     """Many false positives (Xid 119, unhealthy: the agent's rule decides each) under tight limits: every answer
-    the engine gets equals drain_decision() on the full node list, drains and holds alike."""
+    the engine gets equals drain_decision() on the full node list; the agent defers every one (a false positive
+    still runs jobs), and the repair runs drain some and hold others."""
     sc = scn.load(val.SCENARIOS / "default-1k.yaml")
     sc["false_positive"] = dict(sc["false_positive"], per_node_h=40 / 1000 / 24)  # 40 per 1,000 node-days
     sc["repair_config"] = {"blast_radius": {"max_unavailable": 20, "min_healthy": 0},
@@ -156,4 +161,5 @@ def test_engine_drain_rule_equals_drain_decision_on_whole_runs():
     brain.sim = sim
     sim.run()
     assert len(brain.checked) > 50
-    assert "drain" in brain.checked and "hold" in brain.checked, brain.checked
+    assert set(brain.checked) == {"defer"}, brain.checked
+    assert sim.stats["plan_drains"] > 0 and sim.stats["agent_drains"] == 0

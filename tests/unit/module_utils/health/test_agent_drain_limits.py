@@ -1,8 +1,8 @@
 # Copyright (c) gpufleet.reliability contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The agent's --slurm with --repair-config: drain, wait until earlier drains are visible, decide again, and take
-back only our own warning drain. The Slurm lab test (tests/integration/health/test_storm_lab.py) runs the same on
-16 real slurmd; here a small in-memory cluster plays other agents draining in the same second."""
+"""The agent's --slurm with --repair-config: a node that cannot run jobs drains at once (one fleet read, one
+drain); a warning is left to the repair run with one read of its own node and no write. The Slurm lab test
+(tests/integration/health/test_storm_lab.py) runs the same on 16 real slurmd; here a small in-memory cluster."""
 from __future__ import annotations
 
 import json
@@ -35,6 +35,7 @@ class Cluster:
         return dict(self.nodes_)
 
     def node(self, name):
+        self.calls.append(("node", name))
         return self.nodes_[name]
 
     def drain(self, names, reason):
@@ -51,78 +52,39 @@ class Cluster:
             self.nodes_[name] = Node(name, partitions=old.partitions)
 
 
-class Clock:
-    def __init__(self):
-        self.t = T - 0.3
-        self.slept = []
-
-    def __call__(self):
-        return self.t
-
-    def sleep(self, s):
-        self.slept.append(s)
-        self.t += s
-
-
 def act(report, name, cluster, limits=None):
-    limits = LIMITS if limits is None else limits
-    clock = Clock()
-    res = agent.slurm_act(report, name, client=cluster, limits=limits, settle=2.0, sleep=clock.sleep, clock=clock)
-    return res, clock
+    return agent.slurm_act(report, name, client=cluster, limits=LIMITS if limits is None else limits,
+                           clock=lambda: T)
 
 
-def test_warning_within_limits_drains_after_looking_again():
-    c = Cluster(16)
-    res, clock = act(WARN, "n05", c)
-    assert res["action"] == "drained" and res["rule"] == "limits" and not res["forced"]
-    assert clock.slept == [T + 3 - (T - 0.3)]  # until the second after our drain (+ settle) has passed
-    assert c.calls == ["nodes", ("drain", ["n05"]), "nodes"]
+def test_a_warning_is_left_to_the_repair_run_with_one_read_and_no_write():
+    for drained in ((), ("n01", "n02", "n03")):  # within the limits, and past them: the same answer
+        c = Cluster(16)
+        for name in drained:
+            c.set(name, "gpufleet: xid79 gpu3", T - 60)
+        res = act(WARN, "n05", c)
+        assert (res["action"], res["rule"], res["forced"]) == ("defer", "one_writer", False), res
+        assert res["reason"] == "gpufleet: xid79 gpu3" and "repair run" in res["detail"]
+        assert c.calls == [("node", "n05")]
 
 
-def test_warning_past_the_limit_is_held_without_touching_slurm():
-    c = Cluster(16)
-    for name in ("n01", "n02", "n03"):
-        c.set(name, "gpufleet: xid79 gpu3", T - 60)
-    res, _clock = act(WARN, "n05", c)
-    assert res["action"] == "held" and "limit 3" in res["detail"], res
-    assert c.calls == ["nodes"]
-
-
-def test_concurrent_drains_in_the_same_second_yield_to_smaller_names():
-    def others(cluster):  # three other agents drained in the same second
-        for name in ("n01", "n02", "n03"):
-            if not cluster.nodes_[name].reason:
-                cluster.set(name, "gpufleet: xid79 gpu3", T)
-
-    c = Cluster(16, on_drain=others)
-    res, _clock = act(WARN, "n05", c)
-    assert res["action"] == "yielded" and "limit 3" in res["detail"], res
-    assert ("resume", ["n05"]) in c.calls and c.nodes_["n05"].reason == ""
-    # the first of them keeps its drain
-    c2 = Cluster(16, on_drain=others)
-    res, _clock = act(WARN, "n01", c2)
-    assert res["action"] == "drained"
-
-
-def test_our_drain_replaced_by_an_operator_is_never_taken_back():
-    def operator(cluster):
-        for name in ("n01", "n02", "n03"):
-            cluster.set(name, "gpufleet: xid79 gpu3", T)
-        cluster.set("n05", "ops: cable", T)
-
-    c = Cluster(16, on_drain=operator)
-    res, _clock = act(WARN, "n05", c)
-    assert res["action"] == "left_alone" and c.nodes_["n05"].reason == "ops: cable"
-    assert not any(call[0] == "resume" for call in c.calls if isinstance(call, tuple))
+def test_a_warning_on_a_node_drained_by_us_or_by_someone_else_is_left_as_it_is():
+    c = Cluster(4)
+    c.set("n01", "gpufleet: xid79 gpu3", T - 60)
+    c.set("n02", "ops: cable", T - 60)
+    assert act(WARN, "n01", c)["action"] == "already_drained"
+    assert act(WARN, "n02", c)["action"] == "left_alone"
+    assert not [call for call in c.calls if call[0] in ("drain", "resume")]
 
 
 def test_node_that_cannot_run_jobs_drains_past_the_limit_and_the_breaker_shouts(capsys):
     c = Cluster(16)
     for i in range(1, 8):
         c.set(f"n{i:02d}", "gpufleet: gpu_lost gpu3", T - 5)
-    res, _clock = act(LOST, "n10", c)
+    res = act(LOST, "n10", c)
     assert res["action"] == "drained" and res["forced"] and "counts against the limits" in res["detail"]
     assert res["breaker"].startswith("circuit breaker tripped: 8 nodes drained by gpufleet within 300s")
+    assert c.calls == ["nodes", ("drain", ["n10"])]
 
 
 def test_without_repair_config_the_old_rule_holds():

@@ -130,7 +130,7 @@ def test_values_come_from_the_snapshot_only():
 
 
 @pytest.mark.parametrize("action,drained,ours,held", [("drained", 1, 1, 0), ("already_drained", 0, 1, 0),
-                                                      ("held", 0, 0, 1), ("left_alone", 0, 0, 0), ("none", 0, 0, 0)])
+                                                      ("defer", 0, 0, 1), ("left_alone", 0, 0, 0), ("none", 0, 0, 0)])
 def test_slurm_gauges(action, drained, ours, held):
     text = render(dict(snapshots())["synthetic"], KMSG, None, {"action": action})
     assert values(text, "gpufleet_health_drained") == [drained]

@@ -42,7 +42,8 @@ def test_counts_give_the_node_by_node_answer(report, n_out, cfg):
     got = drain_verdict(NodeState(me, ("gpu",), {"rack": "r1"}, state="idle"), fleet, before, config, NOW,
                         forced=cannot_run_jobs(report), reason=report.drain_reason()[:200])
     assert got == full
-    if n_out == 3 and report is WARN:
-        assert got.action == "hold" and got.rule == "blast_radius"
-    if cfg.get("breaker", {}).get("window") == "5m":
-        assert got.breaker is not None and (got.action == "hold") == (report is WARN)
+    if report is WARN:
+        assert (got.action, got.rule, got.breaker) == ("defer", "one_writer", None)
+    else:
+        assert got.action == "drain" and ("limit 3" in got.detail) == (n_out == 3)
+        assert (got.breaker is not None) == (cfg.get("breaker", {}).get("window") == "5m")

@@ -108,6 +108,24 @@ def test_drain_requested_holds_a_degraded_node_the_check_wants_out():
     assert R.drain_requested(case(node(rep=rep, history=hist()))) is None
 
 
+def test_drain_requested_drains_a_node_in_service_within_the_breaker_and_the_limits():
+    """The agent leaves a drain request on a node that still runs jobs to the repair run (one writer)."""
+    rep = dict(report("degraded", "monitor", "hw_slowdown"), drain=True)
+    d = R.drain_requested(case(in_service(rep=rep)))
+    assert (d.action, d.rule, d.runnable) == ("drain", "drain_requested", True) and "out of service" in d.reason
+    d = R.drain_requested(case(in_service(rep=rep), brk=TRIPPED))
+    assert (d.action, d.rule) == ("hold", "breaker") and "5 nodes failed" in d.reason
+    d = R.drain_requested(case(in_service(rep=rep), fl=fleet(total=8, unavailable=4)))
+    assert (d.action, d.rule) == ("hold", "blast_radius_drain") and "limit 4" in d.reason, d.reason
+    approval = RepairConfig.from_dict({"blast_radius": {"max_unavailable": 4, "min_healthy": "25%"},
+                                       "modes": {"default": "approval"}})
+    d = R.drain_requested(case(in_service(rep=rep), config=approval))
+    assert (d.action, d.needs_approval, d.runnable) == ("drain", True, False)
+    # two drain requests in one run share the limits: max_unavailable 4 with 3 out lets one through
+    (a, b) = plan(fleet(total=8, unavailable=3), [in_service("n1", rep=rep), in_service("n2", rep=rep)], CONFIG, NOW)
+    assert (a.action, b.action, b.rule) == ("drain", "hold", "blast_radius_drain"), (a, b)
+
+
 def test_healthy_resumes_a_node_we_drained_and_holds_one_in_service():
     d = R.healthy(case(node(rep=HEALTHY, history=hist(steps=[("reset_gpu", NOW - 900, "ok")]))))
     assert (d.action, d.rule, d.runnable) == ("resume", "healthy_resume", True)
