@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -20,6 +21,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 FAKEGPU = HERE / "fakegpu.py"
 SPARE_REASON = "gpufleet: spare"
+#: A healthy node with nothing that could change its report is checked again after this many seconds (install_hook).
+HEALTHY_REPEAT_S = 30
 
 
 class RepairLab:
@@ -58,10 +61,24 @@ class RepairLab:
         self.install_hook()
 
     def install_hook(self):
-        """The real agent as the lab's health check (it drains its own node when unhealthy)."""
+        """The real agent as the lab's health check (it drains its own node when unhealthy).
+
+        Slurm runs it on every node every few seconds, and each run is a Python start: most of the CPU a repair lab
+        test costs. A node with nothing that could change its report - no injected fault, no shared state file, a
+        healthy report written after its slurmd started and less than HEALTHY_REPEAT_S old - is not checked again
+        until that report is that old: the check would only say "healthy" once more. Anything that changes the
+        answer (an injected fault, a reboot, a reset that clears a fault after a sick report) runs it at once."""
         hook = self.lab.hook
+        d = shlex.quote(str(self.dir))
         # no exec: the shell keeps the hook's path in its command line while the agent runs (lab.stop_hooks)
-        hook.write_text(f'#!/usr/bin/env bash\n{sys.executable} {FAKEGPU} agent {self.dir} "$SLURMD_NODENAME"\n')
+        hook.write_text(f"""#!/usr/bin/env bash
+node=$SLURMD_NODENAME d={d} r={d}/reports/$SLURMD_NODENAME.json
+if [[ ! -e $d/faults/$node.json && ! -e $d/faults/state-files && -f $r && $r -nt $d/run/slurmd-$node.pid ]] &&
+   (( $(date +%s) - $(stat -c %Y "$r") < {HEALTHY_REPEAT_S} )) && grep -q '"verdict": "healthy"' "$r"; then
+  exit 0
+fi
+{sys.executable} {FAKEGPU} agent {d} "$node"
+""")
         hook.chmod(0o755)
 
     def uninstall(self):
