@@ -159,7 +159,7 @@ def node_groups(node: Node, reason_groups: Optional[Mapping[str, str]]) -> List[
     groups += [group_name("slurm_partition", p) for p in node.partitions]
     groups += [group_name("slurm_feature", f) for f in node.features]
     for suffix, prefix in sorted((reason_groups or {}).items()):
-        # only while the node is out of service and the reason is that owner's (the rule of repair/owner.py)
+        # only while the node is out of service and the reason is that owner's (the rule of slurmfacts.py)
         if isinstance(prefix, str) and prefix.strip() and node.drained_by(prefix):
             groups.append(group_name("slurm_reason", suffix))
     out = []

@@ -271,6 +271,7 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm_module 
     SLURM_COMMON_ARGS,
     client_from_module,
 )
+from ansible_collections.gpufleet.reliability.plugins.module_utils.slurmfacts import SPARE_REASON
 
 #: Bytes of one health report that are read (a report is a few kB).
 MAX_REPORT = 4 << 20
@@ -432,7 +433,7 @@ def main() -> None:
         lock_wait=dict(type="float", default=0),
         lock_lease=dict(type="float", default=14400),
         history_field=dict(type="str", choices=["extra", "comment"], default="extra"),
-        spare_reason=dict(type="str", default="gpufleet: spare"),
+        spare_reason=dict(type="str", default=SPARE_REASON),
         partitions=dict(type="list", elements="str", default=[]),
         domain_prefixes=dict(type="dict", default={"rack": "rack", "switch": "switch"}),
         now=dict(type="float"),

@@ -140,6 +140,7 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm_module 
     SLURM_COMMON_ARGS,
     client_from_module,
 )
+from ansible_collections.gpufleet.reliability.plugins.module_utils.slurmfacts import REASON_PREFIX, SPARE_REASON
 
 
 def main() -> None:
@@ -153,8 +154,8 @@ def main() -> None:
         resume=dict(type="bool", default=False),
         cooldown=dict(type="float", default=1800),
         reason=dict(type="str"),
-        reason_prefix=dict(type="str", default="gpufleet:"),
-        spare_reason=dict(type="str", default="gpufleet: spare"),
+        reason_prefix=dict(type="str", default=REASON_PREFIX),
+        spare_reason=dict(type="str", default=SPARE_REASON),
         history_field=dict(type="str", choices=["extra", "comment"], default="extra"),
         scontrol=dict(type="str", default="scontrol"),
         sinfo=dict(type="str", default="sinfo"),

@@ -128,6 +128,7 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm_module 
     client_from_module,
     fail_slurm,
 )
+from ansible_collections.gpufleet.reliability.plugins.module_utils.slurmfacts import REASON_PREFIX
 
 
 def find_stuck(nodes: Mapping[str, Node], jobs_by_node: Mapping[str, List[Dict[str, Any]]], now: float,
@@ -160,7 +161,7 @@ def main() -> None:
         completing_after=dict(type="int", default=600),
         unkillable_reasons=dict(type="list", elements="str", default=["Kill task failed"]),
         drain=dict(type="bool", default=False),
-        reason=dict(type="str", default="gpufleet: stuck completing"),
+        reason=dict(type="str", default=f"{REASON_PREFIX} stuck completing"),
     )
     argument_spec.update(SLURM_COMMON_ARGS)
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)

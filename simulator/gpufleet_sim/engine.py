@@ -32,6 +32,7 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import
     loads,
 )
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.drain import wants_drain
+from ansible_collections.gpufleet.reliability.plugins.module_utils.slurmfacts import drain_reason
 
 from .brain import PARTITION, to_epoch, to_hours
 from .scenario import LEVEL
@@ -986,7 +987,7 @@ class Sim:
             if d.hist_after is not None:
                 sl.history = d.hist_after
             if a == "drain":
-                sl.state, sl.flags, sl.reason, sl.reason_user = "idle", _DRAIN, f"gpufleet: {d.code}", "root"
+                sl.state, sl.flags, sl.reason, sl.reason_user = "idle", _DRAIN, drain_reason(d.code, d.gpu), "root"
                 sl.reason_time = float(to_epoch(env.now))
                 at = env.now
                 continue
@@ -1118,7 +1119,7 @@ class Sim:
             if d.hist_after is not None:
                 sl.history = d.hist_after
             self.stats["plan_drains"] += 1
-            sl.state, sl.flags, sl.reason, sl.reason_user = "idle", _DRAIN, f"gpufleet: {d.code}", "root"
+            sl.state, sl.flags, sl.reason, sl.reason_user = "idle", _DRAIN, drain_reason(d.code, d.gpu), "root"
             sl.reason_time = float(to_epoch(env.now))
             return True
         return False

@@ -24,12 +24,11 @@ from ..health.report import Report
 from ..health.smi import read_nvidia_smi_text, read_nvidia_smi_xml
 from ..health.state import atomic_write, load_state, save_state
 from ..health.xid_catalog_data import CATALOG_VERSION
+from ..slurmfacts import IN_MAINTENANCE, REASON_PREFIX, drained_by, foreign_reason
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
-REASON_PREFIX = "gpufleet:"
 EXIT_USAGE = 64
-# Seconds past the second of our drain before we look again (clock skew between the nodes and slurmctld).
 PROM_FILE = metrics.PROM_FILE
 
 
@@ -180,7 +179,6 @@ def slurm_act(report: Report, name: str, client: Any = None, limits: Any = None,
     try:
         from ..repair import RepairError
         from ..repair.drain import cannot_run_jobs, drain_decision
-        from ..repair.owner import IN_MAINTENANCE, drained_by, foreign_reason
         from ..slurm import SlurmClient, SlurmError
     except ImportError as exc:  # pragma: no cover - the role always ships slurm.py and repair/
         result.update(action="error", detail=f"Slurm adapter or repair policy missing: {exc}")

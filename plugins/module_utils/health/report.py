@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from ..slurmfacts import drain_reason
+
 ACTION_ORDER = ("none", "monitor", "reset_gpu", "reboot", "reimage", "replace")
 SEVERITIES = ("info", "warning", "critical", "unknown")
 VERDICTS = ("healthy", "degraded", "unhealthy", "unknown")
@@ -139,9 +141,8 @@ class Report:
         if self.verdict != "unhealthy":
             w = next((f for f in self.findings if f.drain), w)
         if w is None:
-            return "gpufleet: ok"
-        where = f" gpu{w.gpu}" if w.gpu is not None else (f" {w.pci}" if w.pci else "")
-        return f"gpufleet: {w.code}{where}"
+            return drain_reason("ok")
+        return drain_reason(w.code, w.gpu, w.pci)
 
     def to_dict(self) -> Dict[str, Any]:
         return {

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Optional, Tuple
 
+from ..slurmfacts import REASON_PREFIX
 from .model import FAILURE_CLASSES, MODES, REPAIR_STEPS, RepairError
 
 DEFAULT_LADDERS: Dict[str, Tuple[str, ...]] = {
@@ -174,7 +175,7 @@ class RepairConfig:
     spares_enabled: bool = True
     spare_on: Tuple[str, ...] = ("replace", "escalate")
     step_timeout_s: Dict[str, float] = field(default_factory=lambda: dict(DEFAULT_STEP_TIMEOUT))
-    reason_prefix: str = "gpufleet:"
+    reason_prefix: str = REASON_PREFIX
     class_map: Dict[str, str] = field(default_factory=dict)
     hook_actions: Tuple[str, ...] = ("reimage", "replace")
     resume_degraded: bool = True

@@ -25,11 +25,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, Iterable, List, Optional
 
+from ..slurmfacts import IN_MAINTENANCE, SPARE_REASON, in_maintenance
 from .config import RepairConfig
 from .fleet import _get, build_inputs, domains_of, out_of_service
 from .limits import Limits, breaker_threshold
 from .model import RepairError
-from .owner import IN_MAINTENANCE, in_maintenance
 from .state import FleetSummary, NodeState
 
 #: Finding codes of the live probe that mean the node cannot run GPU jobs now (when critical): a GPU lost or
@@ -113,7 +113,7 @@ def drain_decision(
     now: float,
     *,
     reason: Optional[str] = None,
-    spare_reason: str = "gpufleet: spare",
+    spare_reason: str = SPARE_REASON,
 ) -> DrainDecision:
     """Decide whether the agent drains its own ``node`` for ``report`` (see the module docstring for the rule).
 

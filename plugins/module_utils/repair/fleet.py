@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from ..slurmfacts import SPARE_REASON
+from ..slurmfacts import busy as _busy
+from ..slurmfacts import out_of_service as _out_of_service
 from .history import HistoryError, is_ours, loads
-from .owner import busy as _busy
-from .owner import out_of_service as _out_of_service
 
 
 def _get(node: Any, key: str, default: Any = None) -> Any:
@@ -73,7 +74,7 @@ def build_inputs(
     report_times: Optional[Mapping[str, float]] = None,
     *,
     history_field: str = "extra",
-    spare_reason: str = "gpufleet: spare",
+    spare_reason: str = SPARE_REASON,
     partitions: Optional[Iterable[str]] = None,
     domain_prefixes: Optional[Mapping[str, str]] = None,
     report_errors: Optional[Mapping[str, str]] = None,

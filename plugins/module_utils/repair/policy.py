@@ -11,7 +11,7 @@ attention come in as records, so the cost of a plan grows with the number of sic
 the size of the fleet. Rules, in the order they apply to one node (docs/repair.md has the table):
 
 1. history field not ours -> hold; out of service with a reason that is not ours -> hold, never touched,
-   whatever our history says; our open incident on it is closed with a note (owner.py). A history of ours that
+   whatever our history says; our open incident on it is closed with a note (slurmfacts.py). A history of ours that
    cannot be read, or a health report that cannot be used -> hold that node only, naming the problem.
 2. a step in progress -> wait, until a fresh report verifies it (ok -> resume) or it times out.
 3. healthy -> resume when drained by us (closes the incident, starts the cooldown).

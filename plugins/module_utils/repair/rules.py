@@ -38,14 +38,13 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
+from ..slurmfacts import REBOOT_FLAGS, in_maintenance
 from .classify import classify
 from .config import RepairConfig
 from .history import History, Incident, Step, loads
 from .limits import Limits, budget_free_at
 from .model import CHANGING_ACTIONS, REPAIR_STEPS, SEVERITY, BreakerState, Decision, HookCall
-from .owner import in_maintenance
 
-_REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"})
 # Steps done by someone else (a hook): a sick report meanwhile does not fail them; they end healthy or time out.
 LONG_STEPS = ("reimage", "replace")
 #: A step without a configured timeout times out after this many seconds.
@@ -305,7 +304,7 @@ def in_progress(c: Case) -> Optional[Decision]:
         return c.mk(
             "wait",
             "{} in progress since {} (Slurm: {})".format(
-                pending.action, pending.started, "+".join(sorted(n.flags & _REBOOT_FLAGS))
+                pending.action, pending.started, "+".join(sorted(n.flags & REBOOT_FLAGS))
             ),
             "in_progress",
             earliest=done_by,

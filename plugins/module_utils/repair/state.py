@@ -9,7 +9,7 @@ shape) into them, validating every field and naming the one that is wrong.
 The history is a :class:`History` object here; it is text only at the Slurm edge (the node's ``Extra`` or
 ``Comment`` field), where ``NodeState.from_dict`` / :func:`history_fields` read it and ``dumps`` writes it.
 
-Whether a node is out of service, whether we drained it and whether it is busy are the rules of ``owner.py``;
+Whether a node is out of service, whether we drained it and whether it is busy are the rules of ``slurmfacts.py``;
 the properties here only apply them.
 """
 
@@ -19,12 +19,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Tuple, Union
 
-from . import owner
+from .. import slurmfacts
 from .history import History, HistoryError, dumps, loads_ours
 from .model import RepairError
 
-#: Flags that mean Slurm is rebooting the node (or will).
-REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"})
+REBOOT_FLAGS = slurmfacts.REBOOT_FLAGS  # imported from here by older callers; the one definition is in slurmfacts
 
 
 # ------------------------------------------------------------------------------------------------
@@ -159,24 +158,24 @@ class NodeState:
     boot_time: Optional[float] = None
     report_error: Optional[str] = None
 
-    # -- the rules of owner.py, applied ---------------------------------------------------------------------------
+    # -- the rules of slurmfacts.py, applied ---------------------------------------------------------------------------
     @property
     def out_of_service(self) -> bool:
         """DOWN, drained, draining or failed."""
-        return owner.out_of_service_split(self.state, self.flags)
+        return slurmfacts.out_of_service_split(self.state, self.flags)
 
     def foreign(self, prefix: str) -> Optional[str]:
         """None when we may act on the node; else why not (out of service with a reason that is not ours, or in a
         maintenance reservation)."""
         out = self.out_of_service
-        if not out and prefix and not owner.in_maintenance(self.state, self.flags):
+        if not out and prefix and not slurmfacts.in_maintenance(self.state, self.flags):
             return None  # in service and in no maintenance window: nobody's
-        return owner.foreign_reason(self.state, self.flags, self.reason, prefix, out=out)
+        return slurmfacts.foreign_reason(self.state, self.flags, self.reason, prefix, out=out)
 
     def drained_by(self, prefix: str) -> bool:
         """Out of service with a reason that starts with ``prefix``: we took it out."""
         out = self.out_of_service
-        return out and owner.foreign_reason(self.state, self.flags, self.reason, prefix, out=out) is None
+        return out and slurmfacts.foreign_reason(self.state, self.flags, self.reason, prefix, out=out) is None
 
     @property
     def out_reason(self) -> str:
@@ -190,7 +189,7 @@ class NodeState:
     @property
     def busy(self) -> bool:
         """Jobs still on the node (running or completing)."""
-        return owner.busy_split(self.state.lower(), self.flags)
+        return slurmfacts.busy_split(self.state.lower(), self.flags)
 
     @property
     def rebooting(self) -> bool:

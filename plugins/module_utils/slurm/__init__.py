@@ -4,7 +4,7 @@
 
 Standard library only, Python 3.9+, no Ansible import; nothing runs at import time. The parts:
 
-``node``             the ``Node`` model (state, flags, out of service / drained by us through repair/owner.py)
+``node``             the ``Node`` model (state, flags, out of service / drained by us through slurmfacts.py)
 ``parse``            Slurm's JSON and text output -> ``Node`` objects and job records
 ``hostlist``         hostlist expressions: checked splitting and a local expansion
 ``cli``              ``SlurmClient``: scontrol / sinfo / squeue, or pyslurm for node reads and changes

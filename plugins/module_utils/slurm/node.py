@@ -4,7 +4,7 @@
 
 ``state`` is the base state in lower case (``idle``, ``mixed``, ``allocated``, ``down``, ...) and ``flags`` the
 upper-case state flags (``DRAIN``, ``COMPLETING``, ``NOT_RESPONDING``, ...), whichever Slurm output they came from.
-Whether a node is out of service and whether we took it out are the brain's rule (``repair/owner.py``); the
+Whether a node is out of service and whether we took it out are the one rule of ``slurmfacts.py``; the
 properties here only apply it.
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
 
-from ..repair import owner
-from ..repair.state import REBOOT_FLAGS
+from .. import slurmfacts
+from ..slurmfacts import REBOOT_FLAGS
 
 BASE_STATES = ("idle", "mixed", "allocated", "down", "error", "future", "unknown")
 NEXT_STATES = ("resume", "down", "undrain")
@@ -74,24 +74,24 @@ class Node:
     address: str = ""
     version: str = ""
 
-    # -- the rules of repair/owner.py, applied (never a copy of them) ------------------------------------------
+    # -- the rules of slurmfacts.py, applied (never a copy of them) ------------------------------------------
     @property
     def busy(self) -> bool:
         """Jobs still on the node (running or completing)."""
-        return owner.busy(self.state, self.flags)
+        return slurmfacts.busy(self.state, self.flags)
 
     @property
     def out_of_service(self) -> bool:
         """DOWN, drained, draining or failed."""
-        return owner.out_of_service(self.state, self.flags)
+        return slurmfacts.out_of_service(self.state, self.flags)
 
     def foreign(self, prefix: str) -> Optional[str]:
         """None when we may act on the node; else why not (out of service with a reason not starting ``prefix``)."""
-        return owner.foreign_reason(self.state, self.flags, self.reason, prefix)
+        return slurmfacts.foreign_reason(self.state, self.flags, self.reason, prefix)
 
     def drained_by(self, prefix: str) -> bool:
         """Out of service with a reason that starts with ``prefix``: we took it out, we may bring it back."""
-        return owner.drained_by(self.state, self.flags, self.reason, prefix)
+        return slurmfacts.drained_by(self.state, self.flags, self.reason, prefix)
 
     @property
     def drained(self) -> bool:

@@ -13,6 +13,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from ..repair.fleet import build_inputs
 from ..repair.state import FleetSummary, NodeState, history_fields
+from ..slurmfacts import SPARE_REASON
 from .node import Node
 
 HISTORY_FIELDS = ("extra", "comment")
@@ -60,7 +61,7 @@ class RepairInputs:
 
 def repair_inputs(nodes: Iterable[Node], reports: Optional[Mapping[str, Mapping[str, Any]]] = None,
                   report_times: Optional[Mapping[str, float]] = None, *, history_field: str = "extra",
-                  spare_reason: str = "gpufleet: spare", partitions: Optional[Iterable[str]] = None,
+                  spare_reason: str = SPARE_REASON, partitions: Optional[Iterable[str]] = None,
                   domain_prefixes: Optional[Mapping[str, str]] = None,
                   report_errors: Optional[Mapping[str, str]] = None) -> RepairInputs:
     """The policy's typed inputs for a fleet read from Slurm (one pass, through ``build_inputs``)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..repair.state import REBOOT_FLAGS
+from ..slurmfacts import REBOOT_FLAGS
 from .node import Node
 
 #: The states a waiter knows (``slurm_node``'s ``state`` values).

@@ -31,9 +31,10 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..fileutil import atomic_write
+from ..slurmfacts import STARTUP_REASON
 from .scripts import ScriptMeta, discover, unmanaged
 
-REASON_PREFIX = "gpufleet: startup"
+REASON_PREFIX = STARTUP_REASON
 HEALTH_STEP = "health-check"
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
 LAST_RUN = "last-run.json"

@@ -1,14 +1,14 @@
 # Copyright (c) gpufleet.reliability contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The one Slurm node model (module_utils/slurm/node.py): out of service and "drained by us" are the brain's rule
-(repair/owner.py), whatever Slurm output the node came from; to_dict/from_dict round-trip (inventory cache)."""
+(slurmfacts.py), whatever Slurm output the node came from; to_dict/from_dict round-trip (inventory cache)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import owner
+from ansible_collections.gpufleet.reliability.plugins.module_utils import slurmfacts as owner
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import Node, parse_nodes_json, split_state
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "slurm"

@@ -1,5 +1,5 @@
 """slurm_node state=rebooted with only_if_reason_prefix: a reboot never overwrites somebody else's reason (the
-ownership rule of repair/owner.py); the plan of the module, on Slurm's node records."""
+ownership rule of slurmfacts.py); the plan of the module, on Slurm's node records."""
 
 from __future__ import annotations
 

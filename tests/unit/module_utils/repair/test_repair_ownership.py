@@ -1,4 +1,4 @@
-"""The one ownership rule (repair/owner.py) and one bad node not stopping the others (issue: repair safety).
+"""The one ownership rule (slurmfacts.py) and one bad node not stopping the others (issue: repair safety).
 
 A node whose current reason is not ours is never drained over, rebooted, reset, replaced or resumed by us, whatever
 our history says; our open incident on it is closed with a note. A node whose history or report cannot be used is
@@ -13,7 +13,7 @@ from repair_builders import HEALTHY, NOW, H, fleet, hist, in_service, node, repo
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import RepairConfig, loads, plan
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.history import HistoryError, loads_ours
-from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.owner import foreign_reason, out_of_service
+from ansible_collections.gpufleet.reliability.plugins.module_utils.slurmfacts import foreign_reason, out_of_service
 
 F = "failed"
 CFG = {"blast_radius": {"max_unavailable": 4, "min_healthy": "25%"}, "budget": {"attempts": 9}}

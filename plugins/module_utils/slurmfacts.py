@@ -1,6 +1,9 @@
 # Copyright (c) gpufleet.reliability contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Whose node is it: the one ownership rule every repair body and the policy apply.
+"""Slurm node facts, the one place they are written: node states and flags, our reason prefix and reason format,
+and whose node it is (the ownership rule every repair body, the agent, the startup runner, the adapter and the
+policy apply). A leaf: stdlib only, it imports nothing of this collection, so every caller can use it (the Slurm
+adapter without the repair policy, the node agent without the adapter).
 
 A node that is out of service (DOWN, or with the DRAIN or FAIL flag) belongs to whoever set its current reason.
 Ours start with the reason prefix (``gpufleet:``). A node whose current reason is not ours is never drained over,
@@ -21,6 +24,14 @@ from __future__ import annotations
 
 from typing import AbstractSet, Iterable, Optional
 
+#: The prefix of every Slurm reason we set (the repair policy's ``reason_prefix`` defaults to it).
+REASON_PREFIX = "gpufleet:"
+#: The reason of an idle hot spare held out of service for the repair policy.
+SPARE_REASON = REASON_PREFIX + " spare"
+#: The reason prefix of a node the startup runner drained (``gpufleet: startup <script>``).
+STARTUP_REASON = REASON_PREFIX + " startup"
+#: Flags that mean Slurm is rebooting the node (or will).
+REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"})
 OUT_FLAGS = frozenset({"DRAIN", "FAIL"})
 #: Base states (upper case) of a node out of service.
 OUT_STATES = frozenset({"DOWN", "DRAINED", "DRAINING", "DRAIN", "FAIL", "FAILING"})
@@ -92,3 +103,10 @@ def busy(state: Optional[str], flags: Iterable[str] = ()) -> bool:
 def busy_split(base: str, flags: Iterable[str]) -> bool:
     """busy() of a state already split: ``base`` one word in lower case, ``flags`` upper case."""
     return base in BUSY_STATES or "COMPLETING" in flags
+
+
+def drain_reason(code: str, gpu: Optional[object] = None, pci: Optional[str] = None,
+                 prefix: str = REASON_PREFIX) -> str:
+    """The Slurm reason of a drain for a finding: ``gpufleet: <code>``, then `` gpu<N>`` when one GPU is meant
+    (else `` <pci>`` when only its PCI address is known)."""
+    return f"{prefix} {code}" + (f" gpu{gpu}" if gpu is not None else (f" {pci}" if pci else ""))
