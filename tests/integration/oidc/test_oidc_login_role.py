@@ -20,7 +20,7 @@ pytestmark = pytest.mark.idp
 ALICE = f"{PREFIX}alice"
 
 
-def apply(root: Path, extra: dict) -> subprocess.CompletedProcess:
+def apply(root: Path, extra: dict, *args: str) -> subprocess.CompletedProcess:
     play = [{"hosts": "localhost", "gather_facts": False, "connection": "local",
              "roles": [{"role": "gpufleet.reliability.oidc_login"}]}]
     (root / "play.yml").write_text(yaml.safe_dump(play))
@@ -28,8 +28,8 @@ def apply(root: Path, extra: dict) -> subprocess.CompletedProcess:
     env = dict(os.environ, ANSIBLE_PYTHON_INTERPRETER=sys.executable, ANSIBLE_NOCOLOR="1")
     # the role runs `sshd -t`, which needs sshd's privilege-separation directory: every caller holds run_sshd_dir,
     # which keeps it while any test process uses it
-    return subprocess.run([str(PLAYBOOK), "-i", "localhost,", str(root / "play.yml"), "-e", f"@{root / 'vars.json'}"],
-                          capture_output=True, text=True, timeout=300, cwd=str(REPO), env=env, check=False)
+    return subprocess.run([str(PLAYBOOK), "-i", "localhost,", str(root / "play.yml"), "-e", f"@{root / 'vars.json'}",
+                           *args], capture_output=True, text=True, timeout=300, cwd=str(REPO), env=env, check=False)
 
 
 @pytest.fixture
@@ -109,6 +109,25 @@ def test_role_applies_idempotently_and_sshd_logs_in(role_root, module_idp, tmp_p
     finally:
         for p in pam_files:
             p.unlink(missing_ok=True)
+
+
+def test_check_mode_on_a_fresh_login_node_with_the_default_venv_predicts_without_it(role_root):
+    """The defaults (the role creates the venv): check mode cannot run the venv's interpreter that does not exist
+    yet; it predicts where site-packages will be, says what it could not check, and writes nothing."""
+    root, extra, service, *_rest = role_root
+    extra = {k: v for k, v in extra.items() if k not in ("oidc_login_manage_venv", "oidc_login_site_dir")}
+    venv = root / "opt/gpufleet-oidc/venv"
+    extra["oidc_login_venv"] = str(venv)
+    def files():  # what the role could write (apply() writes its play and variables next to them)
+        return {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name not in ("play.yml", "vars.json")}
+
+    before = files()
+    r = apply(root, extra, "--check", "--diff")
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert f"Check mode: {venv} does not exist yet" in r.stdout, r.stdout[-4000:]
+    assert f"site={venv}/lib/python3." in r.stdout, r.stdout[-4000:]  # the PAM line's predicted site-packages
+    assert not venv.exists()
+    assert files() == before
 
 
 def test_role_refuses_bad_config_naming_key(role_root):
