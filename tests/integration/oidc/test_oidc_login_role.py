@@ -87,6 +87,9 @@ def test_role_applies_idempotently_and_sshd_logs_in(role_root, module_idp, tmp_p
     assert "authenticationmethods keyboard-interactive" in t.stdout
     again = apply(root, extra)
     assert again.returncode == 0 and "changed=0" in again.stdout, again.stdout[-3000:]
+    for dropin in (root / "etc/ssh/sshd_config.d").iterdir():  # one header line, never "# #"
+        first = dropin.read_text().splitlines()[0]
+        assert first.startswith("# ") and not first.startswith("# #") and "oidc_login" in first, first
 
     # End to end: the rendered PAM files under unique names in /etc/pam.d, a real sshd on the rendered config.
     pam_files = [Path("/etc/pam.d") / service, Path("/etc/pam.d") / include]
