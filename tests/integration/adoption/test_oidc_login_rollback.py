@@ -185,6 +185,7 @@ def test_a_failure_after_the_switch_started_puts_every_file_back(node, password_
     assert "Write the validated configuration and the PAM include for sshd" in out, out[-4000:]
     assert "Put every file back as it was" in out and "Every file the role had changed was put back" in out, \
         out[-4000:]
+    assert "put back as it was (rolled back: " in out and " path(s) the role created removed)" in out, out[-4000:]
     assert "rejects the switched file" in out
     assert node.state() == before
     node.password_login_works(*password_user)
