@@ -121,6 +121,7 @@ def test_check_mode_on_a_fresh_login_node_with_the_default_venv_predicts_without
     extra = {k: v for k, v in extra.items() if k not in ("oidc_login_manage_venv", "oidc_login_site_dir")}
     venv = root / "opt/gpufleet-oidc/venv"
     extra["oidc_login_venv"] = str(venv)
+
     def files():  # what the role could write (apply() writes its play and variables next to them)
         return {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name not in ("play.yml", "vars.json")}
 
