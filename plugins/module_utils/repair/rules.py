@@ -353,13 +353,8 @@ def drain_requested(c: Case) -> Optional[Decision]:
         if c.brk.tripped:
             return c.mk("hold", f"should drain ({what}) but the circuit breaker is tripped ({c.brk.reason}); a "
                         "person must reset it", "breaker", hist=c.before())
-        block = c.limits.drain_block(c.n)
-        if block:
-            return c.mk("hold", f"should drain ({what}) but {block}", "blast_radius_drain", hist=c.before())
-        c.limits.take_drain(c.n)
-        d = c.mk("drain", f"degraded ({what}) and the health check asks for the node out of service",
-                 "drain_requested", hist=c.before())
-        return gate(d, c.config, c.approved, c.now)
+        return limited_drain(c, c.mk, what, f"degraded ({what}) and the health check asks for the node out of service",
+                             "drain_requested", hist=c.before())
     return c.mk(
         "hold",
         f"degraded ({what}) and the health check asks for the node out of service: a person investigates, "
@@ -479,23 +474,22 @@ def ttl(c: Case) -> Optional[Decision]:
     )
 
 
+def limited_drain(c: Case, mk: Callable[..., Decision], what: str, why: str, rule: str, **kw: Any) -> Decision:
+    """Drain a node in service when the limits allow (taking its place in them), behind the approval gate;
+    ``blast_radius_drain`` holds it otherwise. The one drain step of the rules ``drain`` and ``drain_requested``."""
+    block = c.limits.drain_block(c.n)
+    if block:
+        return mk("hold", f"should drain ({what}) but {block}", "blast_radius_drain", hist=kw.get("hist"))
+    c.limits.take_drain(c.n)
+    return gate(mk("drain", why, rule, **kw), c.config, c.approved, c.now)
+
+
 def drain(c: Case) -> Optional[Decision]:
     """Still in service: drain it, when the limits allow (``blast_radius_drain`` holds it otherwise)."""
-    n = c.n
-    if n.out_of_service:
+    if c.n.out_of_service:
         return None
-    block = c.limits.drain_block(n)
-    if block:
-        return c.mk_inc("hold", f"should drain ({c.code}) but {block}", "blast_radius_drain", hist=c.booked)
-    c.limits.take_drain(n)
-    d = c.mk_inc(
-        "drain",
-        "{} {}{}".format(c.verdict, c.code, f" gpu{c.gpu}" if c.gpu is not None else ""),
-        "drain",
-        hist=c.booked,
-        hist_after=c.booked,
-    )
-    return gate(d, c.config, c.approved, c.now)
+    why = "{} {}{}".format(c.verdict, c.code, f" gpu{c.gpu}" if c.gpu is not None else "")
+    return limited_drain(c, c.mk_inc, c.code, why, "drain", hist=c.booked, hist_after=c.booked)
 
 
 def draining(c: Case) -> Optional[Decision]:
