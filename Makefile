@@ -41,9 +41,20 @@ $(VENV)/.stamp-deps: requirements/dev.txt
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements/dev.txt
 	touch $@
 
+# The checkout's code on a venv's path as two plain directories (the collection through ./collections, the simulator
+# from simulator/) in place of setuptools' editable finder, which pip's `-e .` installs for the package-dir mapping:
+# the finder imports pathlib, urllib and ipaddress at every Python start in the venv (25 ms of CPU each, thousands of
+# starts in make test: every Ansible module run, every health check the lab's slurmd runs). The console scripts and
+# the package metadata stay as pip installed them.
+define static_paths
+site=$$($(1) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+rm -f "$$site"/__editable__*gpufleet_reliability_tools*; \
+printf '%s\n' "$(REPO)/collections" "$(REPO)/simulator" > "$$site/gpufleet_collections.pth"
+endef
+
 $(VENV)/.stamp-tools: $(VENV)/.stamp-deps pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
-	echo "$(REPO)/collections" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/gpufleet_collections.pth"
+	$(call static_paths,$(PY))
 	touch $@
 
 collections/ansible_collections/gpufleet/reliability:
@@ -115,7 +126,7 @@ $(VENV221)/.stamp: requirements/ansible-2.21.txt requirements/dev.txt pyproject.
 	grep -v '^ansible-core==' requirements/dev.txt > $(VENV221)/constraints.txt
 	$(PY221) -m pip install -q --disable-pip-version-check -c $(VENV221)/constraints.txt -r requirements/ansible-2.21.txt
 	$(PY221) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
-	echo "$(REPO)/collections" > "$$($(PY221) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/gpufleet_collections.pth"
+	$(call static_paths,$(PY221))
 	touch $@
 
 # sanity (controller Python 3.12; the 2.19 lane covers 3.9-3.13; pylint with 2.21's plugin included: its
