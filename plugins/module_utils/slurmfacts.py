@@ -22,6 +22,7 @@ nothing.
 
 from __future__ import annotations
 
+import re
 from typing import AbstractSet, Iterable, Optional
 
 #: The prefix of every Slurm reason we set (the repair policy's ``reason_prefix`` defaults to it).
@@ -110,3 +111,20 @@ def drain_reason(code: str, gpu: Optional[object] = None, pci: Optional[str] = N
     """The Slurm reason of a drain for a finding: ``gpufleet: <code>``, then `` gpu<N>`` when one GPU is meant
     (else `` <pci>`` when only its PCI address is known)."""
     return f"{prefix} {code}" + (f" gpu{gpu}" if gpu is not None else (f" {pci}" if pci else ""))
+
+
+# ---- jobs ---------------------------------------------------------------------------------------------------------
+#: A Slurm job id as we name one: 123, or an array element 123_4 (what squeue's JobID field and scancel take).
+JOB_ID = re.compile(r"^[0-9]{1,12}(?:_[0-9]{1,9})?$", re.ASCII)
+#: Job states of a job that still holds its nodes.
+JOB_ACTIVE_STATES = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "CONFIGURING", "SIGNALING",
+                               "STAGE_OUT", "RESIZING"})
+#: Job states of a job waiting in the queue (requeued, or requeued by itself).
+JOB_QUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
+#: The comment marker of a job that must never be evicted (the repair policy's ``jobs.opt_out_comment`` default).
+NO_EVICT_MARK = REASON_PREFIX + "no-evict"
+
+
+def is_job_id(text: object) -> bool:
+    """True for a Slurm job id we act on (``JOB_ID``); anything else from outside is refused."""
+    return isinstance(text, str) and JOB_ID.match(text) is not None

@@ -168,7 +168,8 @@ plan:
       description: One decision per node that needs attention (node, action, reason, earliest, needs_approval,
         approved, runnable, verify, failure_class, incident, partition, code, gpu, spare, hook, history,
         history_after, stored_history, rule, approval, slurm_reason, since - the start of the repair step a
-        verification after this decision checks).
+        verification after this decision checks - and jobs, for an C(evict) decision: action, phase (signal or
+        requeue), job_ids, signal, signal_to, grace, kept and waits_for_nodes).
       type: list
       elements: dict
     breaker:
@@ -260,13 +261,14 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.reliability.plugins.module_utils.fileutil import atomic_write, differs
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import (
     BreakerState,
+    RepairConfig,
     RepairError,
     blind,
     plan,
 )
 from ansible_collections.gpufleet.reliability.plugins.module_utils.runlock import RunLockBusy, acquire
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import SlurmError
-from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm.repair_inputs import repair_inputs
+from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm.repair_inputs import read_jobs, repair_inputs
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm_module import (
     SLURM_COMMON_ARGS,
     client_from_module,
@@ -491,6 +493,14 @@ def main() -> None:
         history_field=p["history_field"], spare_reason=p["spare_reason"],
         partitions=p["partitions"] or None, domain_prefixes=p["domain_prefixes"], report_errors=report_errors,
     )
+    try:
+        config = RepairConfig.from_dict(p["config"])
+    except RepairError as exc:
+        module.fail_json(msg=str(exc))
+    # the jobs on the busy nodes we drained, and those an eviction under way follows: what the job action reads
+    job_errors = read_jobs(inputs.nodes, client.node_jobs, config.reason_prefix)
+    for name in sorted(job_errors):
+        module.warn(f"the jobs on {name} could not be read, so none is evicted there: {job_errors[name]}")
     for name in sorted(set(report_errors) - set(nodes)):
         module.warn(f"report of {name}, a node Slurm does not know, ignored: {report_errors[name]}")
     stored, breaker = _stored_breaker(p["breaker_state_file"], now)
@@ -500,7 +510,7 @@ def main() -> None:
 
     def make_plan(brk: BreakerState) -> Dict[str, Any]:
         try:
-            return plan(inputs.fleet, inputs.nodes, p["config"], now, approvals=approvals, breaker=brk).to_dict()
+            return plan(inputs.fleet, inputs.nodes, config, now, approvals=approvals, breaker=brk).to_dict()
         except RepairError as exc:
             module.fail_json(msg=str(exc))
 

@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Optional, Tuple
 
-from ..slurmfacts import REASON_PREFIX
-from .model import FAILURE_CLASSES, MODES, REPAIR_STEPS, RepairError
+from ..slurmfacts import NO_EVICT_MARK, REASON_PREFIX
+from .model import FAILURE_CLASSES, JOB_ACTIONS, MODES, REPAIR_STEPS, SIGNAL_TO, RepairError
 
 DEFAULT_LADDERS: Dict[str, Tuple[str, ...]] = {
     "gpu_memory": ("reset_gpu", "reboot", "replace"),
@@ -142,7 +142,12 @@ _TOP = (
     "hook_actions",
     "resume_degraded",
     "history_keep",
+    "jobs",
 )
+_JOBS = ("action", "by_class", "signal", "signal_to", "grace", "max_evictions", "eviction_window", "opt_out_comment",
+         "opt_out_qos")
+#: Signals a job may be asked to checkpoint with (scancel --signal takes the name without SIG).
+JOB_SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "ALRM", "URG", "CONT", "XCPU")
 
 
 @dataclass(frozen=True)
@@ -173,13 +178,26 @@ class RepairConfig:
     breaker_fraction: float = 0.5
     breaker_min_nodes: int = 3
     spares_enabled: bool = True
-    spare_on: Tuple[str, ...] = ("replace", "escalate")
+    spare_on: Tuple[str, ...] = ("evict", "replace", "escalate")
     step_timeout_s: Dict[str, float] = field(default_factory=lambda: dict(DEFAULT_STEP_TIMEOUT))
     reason_prefix: str = REASON_PREFIX
     class_map: Dict[str, str] = field(default_factory=dict)
     hook_actions: Tuple[str, ...] = ("reimage", "replace")
     resume_degraded: bool = True
     history_keep_s: float = 30 * 86400.0
+    # the jobs on a node the policy drained (docs/jobs.md): checkpoint and requeue them onto a spare made ready first
+    job_action: str = "checkpoint_requeue"
+    job_action_by_class: Dict[str, str] = field(default_factory=dict)
+    job_signal: str = "USR1"
+    job_signal_to: str = "steps"
+    job_grace_s: float = 600.0
+    max_evictions: int = 4
+    eviction_window_s: float = 3600.0
+    opt_out_comment: str = NO_EVICT_MARK
+    opt_out_qos: Tuple[str, ...] = ()
+
+    def job_action_for(self, failure_class: Optional[str]) -> str:
+        return self.job_action_by_class.get(failure_class or "", self.job_action)
 
     def mode_for(self, failure_class: Optional[str]) -> str:
         return self.modes.get(failure_class or "", self.default_mode)
@@ -265,7 +283,7 @@ class RepairConfig:
                     modes[k] = v
             kw["modes"] = modes
         if "approval_for" in top:
-            kw["approval_for"] = _action_list(top["approval_for"], "approval_for", REPAIR_STEPS)
+            kw["approval_for"] = _action_list(top["approval_for"], "approval_for", REPAIR_STEPS + ("evict",))
         br = _mapping(
             top.get("blast_radius"), "blast_radius", ("max_unavailable", "min_healthy", "domains", "max_parallel")
         )
@@ -297,7 +315,7 @@ class RepairConfig:
                 raise RepairError("spares.enabled: expected true or false, got {!r}".format(sp["enabled"]))
             kw["spares_enabled"] = sp["enabled"]
         if "on" in sp:
-            kw["spare_on"] = _action_list(sp["on"], "spares.on", ("reimage", "replace", "escalate"))
+            kw["spare_on"] = _action_list(sp["on"], "spares.on", ("evict", "reimage", "replace", "escalate"))
         if "step_timeout" in top:
             st = _mapping(top["step_timeout"], "step_timeout", REPAIR_STEPS)
             timeouts = dict(DEFAULT_STEP_TIMEOUT)
@@ -325,6 +343,8 @@ class RepairConfig:
             if not isinstance(top["resume_degraded"], bool):
                 raise RepairError("resume_degraded: expected true or false, got {!r}".format(top["resume_degraded"]))
             kw["resume_degraded"] = top["resume_degraded"]
+        if "jobs" in top:
+            kw.update(_jobs(top["jobs"]))
         return cls(**kw)
 
     def to_dict(self) -> Dict[str, Any]:
@@ -358,7 +378,65 @@ class RepairConfig:
             "hook_actions": list(self.hook_actions),
             "resume_degraded": self.resume_degraded,
             "history_keep": self.history_keep_s,
+            "jobs": {
+                "action": self.job_action,
+                "by_class": dict(self.job_action_by_class),
+                "signal": self.job_signal,
+                "signal_to": self.job_signal_to,
+                "grace": self.job_grace_s,
+                "max_evictions": self.max_evictions,
+                "eviction_window": self.eviction_window_s,
+                "opt_out_comment": self.opt_out_comment,
+                "opt_out_qos": list(self.opt_out_qos),
+            },
         }
+
+
+def _job_action(value: Any, where: str) -> str:
+    if value not in JOB_ACTIONS:
+        raise RepairError("{}: expected one of {}, got {!r}".format(where, ", ".join(JOB_ACTIONS), value))
+    return str(value)
+
+
+def _jobs(value: Any) -> Dict[str, Any]:
+    """The ``jobs`` section: what happens to the jobs on a node the policy drained."""
+    j = _mapping(value, "jobs", _JOBS)
+    kw: Dict[str, Any] = {}
+    if "action" in j:
+        kw["job_action"] = _job_action(j["action"], "jobs.action")
+    if "by_class" in j:
+        bc = _mapping(j["by_class"], "jobs.by_class", FAILURE_CLASSES)
+        kw["job_action_by_class"] = {str(k): _job_action(v, f"jobs.by_class.{k}") for k, v in bc.items()}
+    if "signal" in j:
+        sig = j["signal"]
+        name = sig.upper()[3:] if isinstance(sig, str) and sig.upper().startswith("SIG") else sig
+        name = name.upper() if isinstance(name, str) else name
+        if name not in JOB_SIGNALS:
+            raise RepairError("jobs.signal: expected a signal name from {}, got {!r}".format(
+                ", ".join(JOB_SIGNALS), sig))
+        kw["job_signal"] = name
+    if "signal_to" in j:
+        if j["signal_to"] not in SIGNAL_TO:
+            raise RepairError("jobs.signal_to: expected one of {}, got {!r}".format(
+                ", ".join(SIGNAL_TO), j["signal_to"]))
+        kw["job_signal_to"] = j["signal_to"]
+    if "grace" in j:
+        kw["job_grace_s"] = parse_duration(j["grace"], "jobs.grace")
+    if "max_evictions" in j:
+        kw["max_evictions"] = parse_int(j["max_evictions"], "jobs.max_evictions", 0)
+    if "eviction_window" in j:
+        kw["eviction_window_s"] = parse_duration(j["eviction_window"], "jobs.eviction_window")
+    if "opt_out_comment" in j:
+        oc = j["opt_out_comment"]
+        if not isinstance(oc, str):
+            raise RepairError(f"jobs.opt_out_comment: expected a text (empty: no marker), got {oc!r}")
+        kw["opt_out_comment"] = oc
+    if "opt_out_qos" in j:
+        q = j["opt_out_qos"]
+        if not isinstance(q, (list, tuple)) or not all(isinstance(x, str) and x for x in q):
+            raise RepairError(f"jobs.opt_out_qos: expected a list of QOS names, got {q!r}")
+        kw["opt_out_qos"] = tuple(q)
+    return kw
 
 
 def _action_list(value: Any, where: str, allowed: Iterable[str]) -> Tuple[str, ...]:

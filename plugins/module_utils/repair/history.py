@@ -14,7 +14,9 @@ Serialised as one line of JSON with short keys, integer epoch seconds and one-le
   ``t`` timed out, ``u`` never proven (the step's intent was written, but nothing shows that it ran: it does not
   count as tried), ``null`` pending; ``ran``: when the step was proven to have run (a reset: its own record right
   after the reset returned; a reboot: the node's boot time, once seen newer than the intent);
-  ``e`` when it was escalated, ``sp`` the spare brought in for it, ``hk`` hook called (action codes).
+  ``e`` when it was escalated, ``sp`` the spare brought in for it, ``hk`` hook called (action codes),
+  ``ev`` the eviction of the jobs on the node ``[signalled at, kind, "job,job", done at or null]`` with kind ``c``
+  (checkpoint_requeue: signalled first) or ``r`` (requeue), written before the body acts (intent).
 - ``r``: repair steps started (any incident), ``<action code><time>`` comma-separated, for budgets
   and escalation.
 - ``p``: past incidents, ``<class code><first seen>`` comma-separated, for lemon detection.
@@ -37,6 +39,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..slurmfacts import is_job_id
 from .model import ACTION_CODE, CLASS_CODE, CODE_ACTION, CODE_CLASS, REPAIR_STEPS, RepairError
 
 VERSION = 1
@@ -44,6 +47,10 @@ MAX_REPAIRS = 8
 MAX_PAST = 8
 MAX_CODE = 32
 MAX_NOTE = 120
+#: Jobs one eviction names at most (a node shared by more jobs evicts the first ones, the rest on the next run).
+MAX_EVICT_JOBS = 16
+EVICT_KINDS = {"c": "checkpoint_requeue", "r": "requeue"}
+EVICT_KIND_CODES = {v: k for k, v in EVICT_KINDS.items()}
 OUTCOMES = {"o": "ok", "f": "failed", "t": "timeout", "u": "unproven"}
 OUTCOME_CODES = {v: k for k, v in OUTCOMES.items()}
 
@@ -63,6 +70,17 @@ class Step:
     ran: Optional[int] = None  # when the step was proven to have run; None: no proof yet
 
 
+@dataclass(frozen=True)
+class Eviction:
+    """The jobs of a node evicted in an incident: when the eviction began, its kind (``checkpoint_requeue`` or
+    ``requeue``), the job ids, and when the policy saw every one of them off the node (None: under way)."""
+
+    at: int
+    kind: str
+    jobs: Tuple[str, ...]
+    done: Optional[int] = None
+
+
 @dataclass
 class Incident:
     id: int
@@ -74,6 +92,7 @@ class Incident:
     escalated: Optional[int] = None
     spare: Optional[str] = None
     hooks: List[str] = field(default_factory=list)
+    eviction: Optional[Eviction] = None
 
     def tried(self, action: str) -> bool:
         """A step of ``action`` ran in this incident (a step never proven to have run was not tried)."""
@@ -208,7 +227,7 @@ class History:
         # id, failure_class, code, gpu, first_seen, steps (never changed in place: a list copy will do), escalated,
         # spare, hooks (positional: this runs twice per decision)
         return Incident(inc.id, inc.failure_class, inc.code[:MAX_CODE], inc.gpu, inc.first_seen, list(inc.steps),
-                        inc.escalated, inc.spare or None, list(inc.hooks))
+                        inc.escalated, inc.spare or None, list(inc.hooks), inc.eviction)
 
     def copy(self) -> History:
         """A deep copy (what loads(dumps(self)) gives, without the text round trip)."""
@@ -226,6 +245,10 @@ def dumps(h: History) -> str:
         i = f'"c":"{CLASS_CODE[inc.failure_class]}"'
         if inc.escalated is not None:
             i += f',"e":{int(inc.escalated)}'
+        ev = inc.eviction
+        if ev is not None:
+            i += (f',"ev":[{int(ev.at)},"{EVICT_KIND_CODES[ev.kind]}",' + _json_str(",".join(ev.jobs))
+                  + ("]" if ev.done is None else f",{int(ev.done)}]"))
         if inc.gpu is not None:
             i += f',"g":{int(inc.gpu)}'
         if inc.hooks:
@@ -368,6 +391,7 @@ def _from_obj(d: dict) -> History:
                 escalated=_int(i["e"], "i.e") if i.get("e") is not None else None,
                 spare=i.get("sp"),
                 hooks=[CODE_ACTION[c] for c in i.get("hk", "")],
+                eviction=_eviction(i.get("ev")),
             )
         h.repairs = [(_num(e[1:], "r"), CODE_ACTION[e[0]]) for e in _entries(d.get("r"), "r")]
         h.past = [(_num(e[2:], "p"), CODE_CLASS[e[:2]]) for e in _entries(d.get("p"), "p")]
@@ -380,6 +404,18 @@ def _from_obj(d: dict) -> History:
     except (KeyError, IndexError, TypeError, AttributeError, ValueError, OverflowError) as exc:
         raise HistoryError(f"history: malformed ({type(exc).__name__}: {exc})")
     return h
+
+
+def _eviction(v: Any) -> Optional[Eviction]:
+    if v is None:
+        return None
+    if not isinstance(v, list) or len(v) not in (3, 4) or v[1] not in EVICT_KINDS or not isinstance(v[2], str):
+        raise HistoryError(f"history i.ev: expected [signalled at, kind c or r, job ids, (done at)], got {v!r}")
+    jobs = tuple(j for j in v[2].split(",") if j)
+    if len(jobs) > MAX_EVICT_JOBS or not all(is_job_id(j) for j in jobs):
+        raise HistoryError(f"history i.ev: expected at most {MAX_EVICT_JOBS} Slurm job ids, got {v[2]!r}")
+    done = _int(v[3], "i.ev") if len(v) == 4 and v[3] is not None else None
+    return Eviction(_int(v[0], "i.ev"), EVICT_KINDS[v[1]], jobs, done)
 
 
 def record_outcome(

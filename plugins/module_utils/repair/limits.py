@@ -12,6 +12,8 @@ functions below are the budget and breaker arithmetic. The rules (rules.py) ask 
 - The last available node of a partition is never drained by automation.
 - Retry budget: attempts per window on one node, any incident (ADR-056 retry budget).
 - Circuit breaker: this many distinct nodes failing within the window hold everything (NVSentinel).
+- Evictions: at most ``jobs.max_evictions`` nodes' jobs evicted within ``jobs.eviction_window``, fleet-wide (the
+  evictions on record in the histories of the nodes that need attention, and those this plan starts).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class Limits:
         self._node_groups: Dict[str, List[Tuple[GroupKey, Counts, int]]] = {}
         self._need: Dict[str, int] = {}  # partition -> nodes min_healthy keeps available
         self._seen_groups: Dict[GroupKey, Optional[Tuple[GroupKey, Counts, int]]] = {}
+        self.evictions = 0  # evictions begun within the window (plan() counts those on record first)
 
     def _groups(self, node: NodeState) -> List[Tuple[GroupKey, Counts, int]]:
         """The node's partitions and failure domains that have a limit: (key, counts, limit as a node count)."""
@@ -149,6 +152,17 @@ class Limits:
         if max_parallel is not None and self.parallel + 1 > max_parallel:
             return f"max_parallel {max_parallel} repairs already started in this run"
         return None
+
+    def eviction_block(self) -> Optional[str]:
+        """Why evicting one more node's jobs now would break ``jobs.max_evictions`` per ``jobs.eviction_window``."""
+        cfg = self.config
+        if self.evictions + 1 > cfg.max_evictions:
+            return (f"{self.evictions} evictions within {cfg.eviction_window_s / 60:g} min already (jobs.max_evictions "
+                    f"{cfg.max_evictions}): an eviction storm; a person looks at the fleet")
+        return None
+
+    def take_eviction(self) -> None:
+        self.evictions += 1
 
     def take_drain(self, node: NodeState) -> None:
         for key, _c, _n in self._groups(node):

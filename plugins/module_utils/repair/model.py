@@ -15,11 +15,18 @@ if TYPE_CHECKING:  # pragma: no cover - history.py imports this module
     from .history import History
 
 #: Every action a decision can carry.
-ACTIONS = ("wait", "drain", "reset_gpu", "reboot", "reimage", "replace", "resume", "escalate", "hold")
+ACTIONS = ("wait", "drain", "evict", "reset_gpu", "reboot", "reimage", "replace", "resume", "escalate", "hold")
 #: Repair steps, least drastic first (a ladder is an ordered subset of these).
 REPAIR_STEPS = ("reset_gpu", "reboot", "reimage", "replace")
 #: Actions that change something on the cluster (what approval mode gates).
-CHANGING_ACTIONS = ("drain", "reset_gpu", "reboot", "reimage", "replace", "resume")
+CHANGING_ACTIONS = ("drain", "evict", "reset_gpu", "reboot", "reimage", "replace", "resume")
+#: What happens to a job still running on a node the policy drained (``jobs.action``): ``wait`` for it to end,
+#: ``requeue`` it at once (it loses the work since its last checkpoint), or signal it to checkpoint, then requeue it
+#: (``checkpoint_requeue``: one checkpoint and a restart).
+JOB_ACTIONS = ("wait", "requeue", "checkpoint_requeue")
+#: Whom the checkpoint signal reaches (``jobs.signal_to``): the job steps' tasks (Slurm's default for ``--signal``),
+#: the batch shell only (``scancel --batch``, Slurm's ``B:``), or both (``scancel --full``).
+SIGNAL_TO = ("steps", "batch", "full")
 #: How drastic a recommended action is; the health report's action maps onto the ladder with it.
 SEVERITY = {"none": 0, "monitor": 0, "reset_gpu": 1, "reboot": 2, "reimage": 3, "replace": 4}
 #: Failure classes the policy distinguishes.
@@ -31,6 +38,7 @@ VERDICTS = ("healthy", "degraded", "unhealthy", "unknown")
 ACTION_CODE = {
     "wait": "w",
     "drain": "d",
+    "evict": "v",
     "reset_gpu": "g",
     "reboot": "b",
     "reimage": "i",
@@ -86,6 +94,32 @@ class HookCall:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class JobStep:
+    """What a body does to the jobs on a node the policy drained (the ``evict`` action).
+
+    ``phase`` ``signal``: send ``signal`` to ``job_ids`` (to ``signal_to``), wait up to ``grace`` seconds for each to
+    leave the node, then requeue each one that still runs on it or ended in any state but COMPLETED (a job that
+    requeued itself, or runs elsewhere, is left alone). ``phase`` ``requeue``: requeue them now (``requeue``, a
+    grace that ran out, a run that died after the signal). ``kept``: jobs on the node never evicted, and why.
+    ``waits_for_nodes``: nodes the requeued jobs wait for when no hot spare comes in for them (0: one does)."""
+
+    action: str
+    phase: str
+    job_ids: Tuple[str, ...]
+    signal: str = "USR1"
+    signal_to: str = "steps"
+    grace: float = 600.0
+    kept: Tuple[str, ...] = ()
+    waits_for_nodes: int = 0
+
+    def to_dict(self) -> Dict[str, Any]:
+        d = asdict(self)
+        d["job_ids"] = list(self.job_ids)
+        d["kept"] = list(self.kept)
+        return d
+
+
 @dataclass
 class Decision:
     """What to do with one node now.
@@ -122,6 +156,7 @@ class Decision:
     rule: str = ""
     slurm_reason: Optional[str] = None
     since: Optional[int] = None
+    jobs: Optional[JobStep] = None
 
     @property
     def history(self) -> Optional[str]:
@@ -162,6 +197,7 @@ class Decision:
                 d[f.name] = getattr(self, f.name)
         d["spare"] = self.spare.to_dict() if self.spare else None
         d["hook"] = self.hook.to_dict() if self.hook else None
+        d["jobs"] = self.jobs.to_dict() if self.jobs else None
         return d
 
 

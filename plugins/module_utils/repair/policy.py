@@ -19,7 +19,9 @@ the size of the fleet. Rules, in the order they apply to one node (docs/repair.m
 5. circuit breaker tripped -> hold (everything, fleet-wide, until a person resets it). Slurm keeps it too: nodes
    that show our breaker hold, set after the last reset, trip it when the stored state lost the trip.
 6. flap suppression: the finding must persist ``ttl`` -> wait.
-7. still in service -> drain (blast radius permitting); jobs still running -> wait.
+7. still in service -> drain (blast radius permitting); jobs still running -> the job action of the failure class
+   (``jobs.action``): wait for them, or evict them (checkpoint and requeue, a hot spare brought in first) within
+   the eviction limit.
 8. cooldown after a repair -> wait.
 9. lemon (N incidents in M days) -> replace; N repairs in M days -> escalate; attempts per incident
    used up -> escalate.
@@ -182,6 +184,14 @@ def plan(
     if brk.tripped:
         notes.append(f"circuit breaker tripped: {brk.reason}; all automation holds until a person resets it")
 
+    # Evictions on record within the window count against jobs.max_evictions before any new one starts.
+    if prepared:
+        since_ev = now - config.eviction_window_s
+        for p in prepared:
+            inc = p[1].incident if p[1] is not None else None
+            if inc is not None and inc.eviction is not None and inc.eviction.at >= since_ev:
+                limits.evictions += 1
+
     # Nodes already under repair count against the concurrency limits before anything new starts.
     # A node someone else took over is not under repair by us any more.
     for p in prepared:
@@ -249,7 +259,8 @@ def followups(decisions: Iterable[Mapping[str, Any]], results: Iterable[Mapping[
 
     ``decisions`` are a plan's decisions and ``results`` a run's step results, as dicts (what a repair run
     publishes). A node gets a follow-up when a step ran in this run and did not give the node back (it failed, or
-    its verification was not healthy: the ladder's next step is due), or when its decision waits for a time of our
+    its verification was not healthy: the ladder's next step is due; a drain or an eviction: the job action or the
+    first repair step is due), or when its decision waits for a time of our
     own (a step in progress, the TTL, a draining node, the cooldown, the budget) - at that time, never sooner than
     ``min_delay`` from now. A node waiting for a person (approval, escalation) or held (not ours, the breaker, a
     limit) gets none: only a person or another node's repair changes that.
@@ -259,7 +270,8 @@ def followups(decisions: Iterable[Mapping[str, Any]], results: Iterable[Mapping[
     for r in results:
         node = r.get("node")
         if isinstance(node, str) and node and r.get("action") != "resume" and not r.get("check_mode") and (
-                r.get("failed") or (r.get("verified") is not None and not r.get("resumed"))):
+                r.get("failed") or (r.get("verified") is not None and not r.get("resumed"))
+                or r.get("action") in ("drain", "evict")):
             out[node] = soon
     for d in decisions:
         node, earliest = d.get("node"), d.get("earliest")

@@ -20,7 +20,10 @@ A rule reads the node's :class:`Case` and returns a Decision, or None to let the
 5. ``breaker``: the circuit breaker is tripped -> hold.
 6. ``ttl``: the finding must persist ``ttl`` -> wait (flap suppression).
 7. ``drain``: still in service -> drain (``blast_radius_drain``: hold when a limit forbids it).
-   ``draining``: jobs still running -> wait.
+   Jobs still on it -> the class's job action (``jobs.action``): ``draining`` waits for them; ``evict`` signals
+   them to checkpoint and requeues them (or requeues them at once), a hot spare brought in first; ``job_kept``
+   waits for a job never evicted; ``eviction_limit`` holds past ``jobs.max_evictions``; while the eviction is
+   under way ``evicting`` waits out the grace, ``grace_expired`` / ``requeue_evicted`` requeue what is left.
 8. ``cooldown``: after the last repaired incident -> wait; an incident that began inside it (a relapse) ->
    escalate (``relapse``, unless ``escalate.relapse`` is off).
 9. ``next_step``: ``lemon`` (N incidents in M days) -> replace, ``escalate_repairs`` (N repairs in M days) and
@@ -38,12 +41,13 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from ..slurmfacts import REBOOT_FLAGS, in_maintenance
+from ..slurmfacts import JOB_ACTIVE_STATES, JOB_QUEUED_STATES, REBOOT_FLAGS, in_maintenance
 from .classify import classify
 from .config import RepairConfig
-from .history import History, Incident, Step, loads
+from .history import MAX_EVICT_JOBS, Eviction, History, Incident, Step, loads
 from .limits import Limits, budget_free_at
-from .model import CHANGING_ACTIONS, REPAIR_STEPS, SEVERITY, BreakerState, Decision, HookCall
+from .model import CHANGING_ACTIONS, REPAIR_STEPS, SEVERITY, BreakerState, Decision, HookCall, JobStep
+from .state import JobInfo
 
 # Steps done by someone else (a hook): a sick report meanwhile does not fail them; they end healthy or time out.
 LONG_STEPS = ("reimage", "replace")
@@ -492,11 +496,139 @@ def drain(c: Case) -> Optional[Decision]:
     return limited_drain(c, c.mk_inc, c.code, why, "drain", hist=c.booked, hist_after=c.booked)
 
 
+#: How soon a node whose jobs keep it (draining, a kept job, jobs not read) is looked at again.
+JOBS_RECHECK_S = 60.0
+
+
+def _jobs_text(ids: Any) -> str:
+    ids = list(ids)
+    return ", ".join(ids[:6]) + (f" and {len(ids) - 6} more" if len(ids) > 6 else "")
+
+
+def kept_because(j: JobInfo, config: RepairConfig) -> Optional[str]:
+    """Why job ``j`` is never evicted (not requeueable, opted out), or None."""
+    if not j.requeue:
+        return f"job {j.job_id} is not requeueable (--no-requeue or JobRequeue=0)"
+    if config.opt_out_comment and config.opt_out_comment in j.comment:
+        return f"job {j.job_id} opted out (its comment holds {config.opt_out_comment!r})"
+    if j.qos and j.qos in config.opt_out_qos:
+        return f"job {j.job_id} opted out (QOS {j.qos} is in jobs.opt_out_qos)"
+    return None
+
+
+def requeue_after_eviction(state: str, on_node: bool) -> bool:
+    """Whether an evicted job (Slurm job ``state``, ``on_node``: it holds the node now) is requeued: when it still
+    holds the node (the grace ran out, or no signal was asked for), or when it ended in any state but COMPLETED
+    (it checkpointed and exited, or the signal ended it). A job queued again (it requeued itself), running
+    elsewhere, or COMPLETED (it finished its work) is left alone. The body (job_evict) applies this same rule."""
+    if state in JOB_ACTIVE_STATES:
+        return on_node
+    return state not in JOB_QUEUED_STATES and state != "COMPLETED"
+
+
 def draining(c: Case) -> Optional[Decision]:
-    """Drained but jobs still running: wait a minute."""
-    if not c.n.busy:
+    """Drained by us with jobs still on it: the job action of the failure class (``jobs.action``).
+
+    ``wait`` (rule ``draining``): the jobs keep the node until they end. ``requeue`` / ``checkpoint_requeue``
+    (rule ``evict``): every job that may be evicted (requeueable, not opted out: ``job_kept`` waits for the others)
+    is evicted, within ``jobs.max_evictions`` per window (``eviction_limit`` holds it otherwise), with a hot spare
+    brought in first where one is idle. The eviction is recorded in the history before the body acts; while it is
+    under way, :func:`evicting` follows it up."""
+    hist, n, config, now = c.hist, c.n, c.config, c.now
+    inc = hist.incident if hist is not None else None
+    if inc is None:  # a rule reached without what the rule order guarantees
+        raise AssertionError("repair rule order: inc is not None")
+    if inc.eviction is not None and inc.eviction.done is None:
+        d = evicting(c, inc, inc.eviction)
+        if d is not None:
+            return d
+    if not n.busy:
         return None
-    return c.mk_inc("wait", "draining: jobs still running", "draining", earliest=c.now + 60, hist=c.booked)
+    action = config.job_action_for(c.cls)
+    if action == "wait":
+        return c.mk_inc("wait", "draining: jobs still running; they keep the node until they end (jobs.action wait)",
+                        "draining", earliest=now + JOBS_RECHECK_S, hist=c.booked)
+    if n.jobs is None:
+        return c.mk_inc("wait", "draining: jobs still running (the jobs on the node were not read: none is evicted)",
+                        "draining", earliest=now + JOBS_RECHECK_S, hist=c.booked)
+    evict: List[str] = []
+    kept: List[str] = []
+    for j in n.jobs:
+        if j.on_node and j.state in JOB_ACTIVE_STATES:
+            why = kept_because(j, config)
+            if why:
+                kept.append(why)
+            else:
+                evict.append(j.job_id)
+    if not evict:
+        if kept:
+            return c.mk_inc("wait", "draining: " + "; ".join(kept[:4]) + ": the node waits for it to end", "job_kept",
+                            earliest=now + JOBS_RECHECK_S, hist=c.booked)
+        return c.mk_inc("wait", "draining: jobs still ending", "draining", earliest=now + JOBS_RECHECK_S,
+                        hist=c.booked)
+    evict = evict[:MAX_EVICT_JOBS]
+    block = c.limits.eviction_block()
+    if block:
+        return c.mk_inc("hold", f"would {action} job(s) {_jobs_text(evict)} but {block}", "eviction_limit",
+                        hist=c.booked)
+    c.limits.take_eviction()
+    after = hist.copy() if hist is not None else History()
+    if after.incident is None:  # a rule reached without what the rule order guarantees
+        raise AssertionError("repair rule order: after.incident is not None")
+    after.incident.eviction = Eviction(int(now), action, tuple(evict))
+    spare = None
+    waits = 0
+    if config.spares_enabled and "evict" in config.spare_on and inc.spare is None:
+        spare = c.limits.take_spare(n)
+        if spare is not None:
+            after.incident.spare = spare.spare or "?"
+    if spare is None and inc.spare is None:
+        waits = 1
+    step = JobStep(action, "signal" if action == "checkpoint_requeue" else "requeue", tuple(evict), config.job_signal,
+                   config.job_signal_to, config.job_grace_s, tuple(kept), waits)
+    if action == "checkpoint_requeue":
+        why = (f"{c.code}: job(s) {_jobs_text(evict)} told to checkpoint (SIG{config.job_signal} to "
+               f"{config.job_signal_to}), {config.job_grace_s:g}s to leave, then requeued")
+    else:
+        why = f"{c.code}: job(s) {_jobs_text(evict)} requeued (their work since the last checkpoint is lost)"
+    why += (f"; hot spare {spare.spare or '(one idle)'} brought into {spare.partition} first" if spare is not None
+            else "; no idle hot spare: the requeued job(s) wait for 1 node" if waits else "")
+    if kept:
+        why += "; kept: " + "; ".join(kept[:4])
+    d = c.mk_inc("evict", why, "evict", hist=c.booked, hist_after=after, spare=spare, jobs=step)
+    return gate(d, config, c.approved, now)
+
+
+def evicting(c: Case, inc: Incident, ev: Eviction) -> Optional[Decision]:
+    """An eviction under way (its intent on record): wait while the signalled jobs have time to checkpoint and
+    leave (``evicting``); requeue a job still on the node when the grace ran out or the run died before the requeue
+    (``grace_expired``), and a job that left the node in any end state but COMPLETED (``requeue_evicted``: it
+    checkpointed and exited, or the signal ended it). When every job is off the node (queued again, running
+    elsewhere, finished, or gone from Slurm) the eviction is done: recorded, and the next rules decide."""
+    n, config, now = c.n, c.config, c.now
+    if n.jobs is None:
+        return c.mk_inc("wait", f"evicting job(s) {_jobs_text(ev.jobs)} since {ev.at}; the jobs were not read",
+                        "evicting", earliest=now + JOBS_RECHECK_S, hist=c.booked)
+    known = {j.job_id: j for j in n.jobs}
+    still = [jid for jid in ev.jobs if jid in known and known[jid].on_node and known[jid].state in JOB_ACTIVE_STATES]
+    ended = [jid for jid in ev.jobs if jid in known and jid not in still
+             and requeue_after_eviction(known[jid].state, known[jid].on_node)]
+    until = ev.at + config.job_grace_s
+    if still and ev.kind == "checkpoint_requeue" and now < until:
+        return c.mk_inc("wait", f"evicting: job(s) {_jobs_text(still)} signalled at {ev.at}, {until - now:g}s left to "
+                        "checkpoint and leave", "evicting", earliest=until, hist=c.booked)
+    todo = still + ended
+    if todo:
+        rule = "grace_expired" if still and ev.kind == "checkpoint_requeue" else "requeue_evicted"
+        why = (f"job(s) {_jobs_text(still)} still on the node {now - ev.at:g}s after the signal (grace "
+               f"{config.job_grace_s:g}s): requeued anyway" if rule == "grace_expired"
+               else f"job(s) {_jobs_text(todo)} evicted at {ev.at} not queued again yet: requeued")
+        step = JobStep(ev.kind, "requeue", tuple(todo), config.job_signal, config.job_signal_to, config.job_grace_s)
+        d = c.mk_inc("evict", why, rule, hist=c.booked, jobs=step)
+        d.runnable = True  # the eviction was approved (or needed none) when it began
+        return d
+    inc.eviction = Eviction(ev.at, ev.kind, ev.jobs, int(now))  # the working copy: every later decision records it
+    return None
 
 
 def cooldown(c: Case) -> Optional[Decision]:

@@ -112,6 +112,42 @@ class FleetSummary:
 
 
 # ------------------------------------------------------------------------------------------------
+# jobs
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class JobInfo:
+    """A job the policy may act on: one running on a node that needs attention (``on_node``), or one named by that
+    node's eviction under way, wherever it is now. ``state`` is Slurm's job state in upper case; ``requeue`` whether
+    Slurm may requeue it (``--no-requeue`` or ``JobRequeue=0`` make it False); ``comment`` and ``qos`` are read for
+    the opt-out (``jobs.opt_out_comment``, ``jobs.opt_out_qos``)."""
+
+    job_id: str
+    state: str
+    requeue: bool = True
+    comment: str = ""
+    qos: str = ""
+    on_node: bool = True
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> JobInfo:
+        if isinstance(d, JobInfo):
+            return d
+        if not isinstance(d, Mapping):
+            raise RepairError(f"{where}: expected a mapping (job_id, state, requeue, comment, qos, on_node)")
+        jid = d.get("job_id")
+        if not slurmfacts.is_job_id(jid):
+            raise RepairError(f"{where}.job_id: expected a Slurm job id (123 or 123_4), got {jid!r}")
+        state = d.get("state")
+        if not isinstance(state, str) or not state:
+            raise RepairError(f"{where}.state: expected a Slurm job state, got {state!r}")
+        for key in ("requeue", "on_node"):
+            if key in d and not isinstance(d[key], bool):
+                raise RepairError(f"{where}.{key}: expected true or false, got {d[key]!r}")
+        return cls(str(jid), state.upper(), d.get("requeue", True), str(d.get("comment") or ""), str(d.get("qos") or ""),
+                   d.get("on_node", True))
+
+
+# ------------------------------------------------------------------------------------------------
 # node state
 # ------------------------------------------------------------------------------------------------
 def split_state(state: str, flags: Iterable[Any] = ()) -> Tuple[str, FrozenSet[str]]:
@@ -139,7 +175,8 @@ class NodeState:
     report (the health brain's dict) and ``report_time`` when it was written; ``report_error`` says why it could
     not be read. ``history`` is the node's repair history (None: the field is empty); ``history_foreign`` is True
     when the field holds someone else's text (never touched), ``history_error`` says why a history of ours cannot
-    be read.
+    be read. ``jobs`` are the jobs on the node (and those its eviction under way names), read by the adapter for a
+    busy node we drained; None when they were not read.
     """
 
     name: str
@@ -157,6 +194,8 @@ class NodeState:
     history_error: Optional[str] = None
     boot_time: Optional[float] = None
     report_error: Optional[str] = None
+    #: the jobs on the node, and those its eviction under way names (None: not read; the policy then only waits)
+    jobs: Optional[Tuple[JobInfo, ...]] = None
 
     # -- the rules of slurmfacts.py, applied ---------------------------------------------------------------------------
     @property
@@ -235,6 +274,11 @@ class NodeState:
         if hist is not None and not isinstance(hist, (str, History)):
             raise RepairError(f"{where}.history: expected the stored history text, got {type(hist).__name__}")
         history, foreign, error = history_fields(hist)
+        jobs = d.get("jobs")
+        if jobs is not None:
+            if not isinstance(jobs, (list, tuple)):
+                raise RepairError(f"{where}.jobs: expected a list of jobs (job_id, state, requeue, ...), got {jobs!r}")
+            jobs = tuple(JobInfo.from_dict(j, f"{where}.jobs[{k}]") for k, j in enumerate(jobs))
         return cls(
             name=name,
             partitions=tuple(sorted(parts)),
@@ -251,6 +295,7 @@ class NodeState:
             history_error=error,
             boot_time=_opt_time(d.get("boot_time"), where + ".boot_time"),
             report_error=str(d["report_error"])[:300] if d.get("report_error") else None,
+            jobs=jobs,
         )
 
     def history_text(self) -> Optional[str]:

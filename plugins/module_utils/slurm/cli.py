@@ -15,11 +15,12 @@ import re
 import subprocess
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ..slurmfacts import JOB_ACTIVE_STATES, is_job_id
 from . import pyslurm_backend
 from .errors import UNKNOWN_NODE, UNREACHABLE, SlurmError
 from .hostlist import HostlistExpr, split_hostlist_expr, unique
 from .node import NEXT_STATES, Node
-from .parse import parse_jobs_text, parse_nodes_json, parse_nodes_text, parse_version
+from .parse import JOB_FIELDS, parse_job_records, parse_jobs_text, parse_nodes_json, parse_nodes_text, parse_version
 
 #: A read of at most this many named nodes asks Slurm (23.02 and later) for those nodes only.
 FEW_NODES = 64
@@ -59,11 +60,13 @@ class SlurmClient:
     """
 
     def __init__(self, runner: Optional[Runner] = None, backend: str = "auto", scontrol: str = "scontrol",
-                 sinfo: str = "sinfo", squeue: str = "squeue", env: Optional[Mapping[str, str]] = None) -> None:
+                 sinfo: str = "sinfo", squeue: str = "squeue", env: Optional[Mapping[str, str]] = None,
+                 scancel: str = "scancel") -> None:
         self.runner: Runner = runner or subprocess_runner(env)
         self.scontrol = scontrol
         self.sinfo = sinfo
         self.squeue = squeue
+        self.scancel = scancel
         self.requested_backend = pyslurm_backend.check_backend(backend)
         self._version: Optional[Tuple[int, int, int]] = None
         self._backend: Optional[str] = None
@@ -188,6 +191,45 @@ class SlurmClient:
             argv += ["-t", ",".join(states)]
         return parse_jobs_text(self._run(argv), sep)
 
+    def node_jobs(self, node: str, job_ids: Sequence[str] = ()) -> List[Dict[str, Any]]:
+        """The jobs on ``node`` now, and the jobs ``job_ids`` wherever they are (an eviction under way follows
+        them), as parse_job_records' dicts plus ``on_node`` (the job holds the node now). A node at a time: a job
+        line that cannot be parsed (a comment with a newline) fails this node's read only. A job Slurm no longer
+        knows is left out."""
+        if not isinstance(node, str) or not node or "," in node or "[" in node:
+            raise ValueError(f"node_jobs(): one node name expected, got {node!r}")
+        bad = [j for j in job_ids if not is_job_id(j)]
+        if bad:
+            raise ValueError(f"node_jobs(): Slurm job ids expected, got {bad!r}")
+        sep = "\x1f"
+        fmt = ",".join(f"{f}:{sep}" for f in JOB_FIELDS)
+        out: Dict[str, Dict[str, Any]] = {}
+        for j in parse_job_records(self._run([self.squeue, "-h", "-w", node, "-O", fmt]), sep):
+            out[j["job_id"]] = dict(j, on_node=j["state"] in JOB_ACTIVE_STATES)
+        ids = [j for j in job_ids if j not in out]
+        if ids:
+            try:
+                text = self._run([self.squeue, "-h", "-t", "all", "-j", ",".join(ids), "-O", fmt])
+            except SlurmError as exc:
+                if "Invalid job id" not in str(exc):
+                    raise
+                text = ""  # one id asked for, and Slurm has forgotten it (MinJobAge)
+            for j in parse_job_records(text, sep):
+                out.setdefault(j["job_id"], dict(j, on_node=False))
+        return list(out.values())
+
+    def signal_job(self, job_id: str, signal: str, to: str = "steps") -> None:
+        """``scancel --signal=<signal> [--batch|--full] <job>``: ``to`` steps (the job steps' tasks, scancel's
+        default), batch (the batch shell only) or full (both)."""
+        if not is_job_id(job_id):
+            raise ValueError(f"job_id must be a Slurm job id, got {job_id!r}")
+        if not re.match(r"^[A-Z0-9]{1,8}$", str(signal)):
+            raise ValueError(f"signal must be a signal name such as USR1, got {signal!r}")
+        flag = {"steps": [], "batch": ["--batch"], "full": ["--full"]}.get(to)
+        if flag is None:
+            raise ValueError(f"to must be steps, batch or full, got {to!r}")
+        self._run([self.scancel, f"--signal={signal}", *flag, job_id])
+
     # ---- changing ----------------------------------------------------------------------------------------
     def _targets(self, names: HostlistExpr) -> List[str]:
         """Expand and validate that every node exists (before anything changes): ``scontrol update`` and
@@ -311,10 +353,18 @@ class SlurmClient:
 
     def requeue(self, job_id: Any) -> str:
         text = str(job_id).strip()
-        if not re.match(r"^\d+(_\d+)?$", text):
+        if not is_job_id(text):
             raise ValueError(f"job_id must be a Slurm job id, got {text!r}")
         self._run([self.scontrol, "requeue", text])
         return text
+
+    def start_now(self, job_id: Any) -> None:
+        """``scontrol update JobId=<job> StartTime=now``: lift the begin time Slurm gives a requeued job (about two
+        minutes after the requeue), so it starts as soon as nodes are free. Only a pending job takes it."""
+        text = str(job_id).strip()
+        if not is_job_id(text):
+            raise ValueError(f"job_id must be a Slurm job id, got {text!r}")
+        self._run([self.scontrol, "update", f"JobId={text}", "StartTime=now"])
 
     def ping(self) -> bool:
         """True when slurmctld answers; raises SlurmError(kind='unreachable') otherwise."""

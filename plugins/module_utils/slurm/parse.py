@@ -13,6 +13,7 @@ import re
 import time
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
+from ..slurmfacts import is_job_id
 from .errors import SlurmError
 from .node import Node, split_state
 
@@ -223,4 +224,26 @@ def parse_jobs_text(text: str, sep: str = "\x1f") -> List[Dict[str, Any]]:
             "job_id": f[0], "state": f[1], "user": f[2], "nodes": f[3], "elapsed": f[4],
             "end_time": _parse_time(f[5]), "reason": f[6], "name": sep.join(f[7:]),
         })
+    return jobs
+
+
+#: squeue --Format fields of parse_job_records, the comment last (it is free text a user sets).
+JOB_FIELDS = ("JobID", "State", "Requeue", "QOS", "NodeList", "Comment")
+
+
+def parse_job_records(text: str, sep: str = "\x1f") -> List[Dict[str, Any]]:
+    """``squeue -h -O JobID:<sep>,State:<sep>,Requeue:<sep>,QOS:<sep>,NodeList:<sep>,Comment:<sep>`` -> job dicts
+    (job_id, state, requeue, qos, nodes, comment). The comment may hold anything a user typed, the separator
+    included, so it is the rest of the line; a line that is not a job (a comment with a newline in it) is a parse
+    error, never a guess."""
+    jobs: List[Dict[str, Any]] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        f = line.split(sep, 5)
+        if len(f) < 6 or not is_job_id(f[0].strip()) or f[2].strip() not in ("0", "1"):
+            raise SlurmError(f"cannot parse squeue job line {line[:200]!r}", stdout=text, kind="parse")
+        comment = f[5][:-1] if f[5].endswith(sep) else f[5]
+        jobs.append({"job_id": f[0].strip(), "state": f[1].strip().upper(), "requeue": f[2].strip() == "1",
+                     "qos": _null(f[3].strip()), "nodes": _null(f[4].strip()), "comment": _null(comment)})
     return jobs

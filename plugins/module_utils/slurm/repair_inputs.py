@@ -9,11 +9,12 @@ the repair history read once, at this edge, from the node's ``Extra`` or ``Comme
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from ..repair.fleet import build_inputs
-from ..repair.state import FleetSummary, NodeState, history_fields
+from ..repair.state import FleetSummary, JobInfo, NodeState, history_fields
 from ..slurmfacts import SPARE_REASON
+from .errors import SlurmError
 from .node import Node
 
 HISTORY_FIELDS = ("extra", "comment")
@@ -74,3 +75,25 @@ def repair_inputs(nodes: Iterable[Node], reports: Optional[Mapping[str, Mapping[
                          report_error=rec.get("report_error"))
               for rec in attention]
     return RepairInputs(FleetSummary.from_dict(counts), states, spares, counts)
+
+
+def read_jobs(states: Iterable[NodeState], node_jobs: Callable[[str, Sequence[str]], List[Dict[str, Any]]],
+              prefix: str) -> Dict[str, str]:
+    """Fill ``jobs`` of each node the job action may concern: drained by us (``prefix``) and busy, or with an
+    eviction under way (its jobs are followed wherever they are). ``node_jobs`` is the client's
+    ``node_jobs(node, job_ids)``. A node whose jobs cannot be read keeps ``jobs`` None (the policy then evicts
+    nothing there); the returned mapping says why, per node."""
+    errors: Dict[str, str] = {}
+    for st in states:
+        inc = st.history.incident if st.history is not None else None
+        ev = inc.eviction if inc is not None and inc.eviction is not None and inc.eviction.done is None else None
+        if not st.drained_by(prefix) or not (st.busy or ev is not None):
+            continue
+        try:
+            rows = node_jobs(st.name, ev.jobs if ev is not None else ())
+        except (SlurmError, ValueError) as exc:
+            errors[st.name] = str(exc)[:300]
+            continue
+        st.jobs = tuple(JobInfo(r["job_id"], r["state"], r["requeue"], r["comment"], r["qos"], r["on_node"])
+                        for r in rows)
+    return errors

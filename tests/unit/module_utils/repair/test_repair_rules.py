@@ -281,7 +281,7 @@ def test_approval_for_gates_its_actions_in_automatic_mode():
     d = R.start_step(case(node(history=hist()), config=config, booked=True), "reset_gpu", "ladder", "why")
     assert d.runnable and not d.needs_approval
     with pytest.raises(RepairError, match=r"approval_for\[0\]: expected one of reset_gpu, reboot, reimage, "
-                                          r"replace, got 'drain'"):
+                                          r"replace, evict, got 'drain'"):
         RepairConfig.from_dict({"approval_for": ["drain"]})
     with pytest.raises(RepairError, match=r"approval_for: expected a list of actions"):
         RepairConfig.from_dict({"approval_for": "replace"})
