@@ -248,6 +248,20 @@ fi
                              f"{json.dumps(seen, indent=1)[-4000:]}")
 
 
+def processes_with(arg: bytes) -> list:
+    """PIDs whose command line holds ``arg``."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as fh:
+                    if arg in fh.read():
+                        out.append(int(d))
+            except OSError:
+                pass
+    return out
+
+
 def wait_until(pred, timeout=60, interval=0.2, what="condition"):
     deadline = time.monotonic() + timeout
     while True:

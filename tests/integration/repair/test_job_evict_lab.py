@@ -8,17 +8,20 @@ in, signals the job, gives it its grace, requeues it, and Slurm starts it again 
 - ``checkpoint_requeue``: the job resumes from the step it was signalled at (0 steps lost).
 - ``wait``: the job keeps the drained node until it ends; nothing is signalled or requeued.
 - A job that ignores the signal is requeued when its grace runs out; a non-requeueable job is never evicted.
+- A repair run killed between the signal and the requeue converges on the next run.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import signal
 import time
 
 import pytest
 
-from support.repair_lab import wait_until
+from support.repair_lab import processes_with, wait_until
 
 pytestmark = pytest.mark.lab
 
@@ -172,4 +175,42 @@ def test_a_job_that_cannot_be_requeued_keeps_the_node(repair_lab, tmp_path):
     state, now_nodes, restarts = job_info(rl, job)
     assert state == "RUNNING" and now_nodes == nodes and restarts == "0"
     assert "signalled" not in progress.read_text()
+    rl.lab.run("scancel", job)
+
+
+def test_a_run_killed_after_the_signal_converges_on_the_next_run(repair_lab, tmp_path):
+    """SIGKILL of the repair run (and of the eviction it was running) between the signal and the requeue: the
+    intent is on record, so the next run past the grace requeues the job, which resumes on the spare."""
+    rl = repair_lab
+    spare = rl.lab.nodes[-1]
+    rl.spare(spare)
+    job, progress = submit(rl, tmp_path, trap=IGNORE)
+    victim, _nodes, _t0 = warn_on_a_job_node(rl, job)
+
+    config = {"jobs": {"signal_to": "batch", "grace": 20}}
+    proc = rl.start_async(config=config)
+    try:
+        wait_until(lambda: "ignored the signal" in progress.read_text() or proc.poll() is not None, timeout=180,
+                   what="the job signalled")
+        assert proc.poll() is None, "the run ended before it could be killed"
+        os.killpg(proc.pid, signal.SIGKILL)
+        # Ansible's workers call setsid and outlive a kill of the run: kill them, and the eviction in flight
+        varfile = str(proc.args[-1]).lstrip("@").encode()
+        for pid in processes_with(varfile) + processes_with(b"AnsiballZ_job_evict"):
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        rl.kill(proc)
+    state, now_nodes, restarts = job_info(rl, job)
+    assert state == "RUNNING" and victim in now_nodes and restarts == "0", (state, now_nodes)
+    assert rl.history(victim)["i"]["ev"][1:3] == ["c", job]
+
+    wait_until(lambda: time.time() >= rl.history(victim)["i"]["ev"][0] + 20, timeout=60, what="the grace over")
+    _r, art = rl.run(config=config)
+    d = decisions(art)[victim]
+    assert (d["action"], d["rule"], d["jobs"]["phase"]) == ("evict", "grace_expired", "requeue"), d
+    result = [r for r in art["gpufleet_repair_result"] if r["node"] == victim][0]
+    assert result["jobs"] == {job: "requeued"}, result
+    wait_until(lambda: len(starts(progress)) == 2, timeout=90, what="the job restarted")
+    _state, now_nodes, restarts = job_info(rl, job)
+    assert victim not in now_nodes and spare in now_nodes and restarts == "1", now_nodes
     rl.lab.run("scancel", job)

@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import SlurmClient
-from support.repair_lab import wait_until
+from support.repair_lab import processes_with, wait_until
 
 pytestmark = pytest.mark.lab
 
@@ -61,7 +61,7 @@ def _kill_after_intent(rl, node, step="b", sig=signal.SIGKILL, taken=False):
     # Ansible's workers outlive the kill of the run (setsid) and finish the task in flight, which may be the reboot:
     # wait until none is left and Slurm has carried out a reboot they asked for, so what follows sees all of it
     varfile = str(proc.args[-1]).lstrip("@").encode()
-    wait_until(lambda: not _processes_with(varfile), timeout=120, interval=0.2, what="the killed run's workers")
+    wait_until(lambda: not processes_with(varfile), timeout=120, interval=0.2, what="the killed run's workers")
     wait_until(lambda: not REBOOTING & set(SlurmClient(backend="cli").node(node).flags), timeout=120,
                interval=0.5, what=f"a reboot of {node} asked for by the killed run")
     steps = rl.history(node)["i"]["s"]
@@ -69,20 +69,6 @@ def _kill_after_intent(rl, node, step="b", sig=signal.SIGKILL, taken=False):
 
 
 REBOOTING = {"REBOOT_REQUESTED", "REBOOT_ISSUED"}
-
-
-def _processes_with(arg: bytes) -> list:
-    """PIDs whose command line holds ``arg``."""
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/cmdline", "rb") as fh:
-                    if arg in fh.read():
-                        out.append(int(d))
-            except OSError:
-                pass
-    return out
 
 
 def _reboots(rl, node):
