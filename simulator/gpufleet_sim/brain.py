@@ -98,7 +98,11 @@ def to_hours(epoch: float) -> float:
     return (epoch - EPOCH0) / 3600.0
 
 
-def default_brain(sc: dict, mode: str = "automatic", cls: type = CollectionBrain) -> CollectionBrain:
+def default_brain(sc: dict, mode: str = "automatic", cls: type = CollectionBrain,
+                  jobs_action: Optional[str] = None) -> CollectionBrain:
     """The brain of scenario ``sc``; ``cls`` a subclass for a harness that watches or replaces its repair runs
-    (tests, benchmarks)."""
-    return cls(sc.get("health_config"), sc.get("repair_config"), mode=mode)
+    (tests, benchmarks); ``jobs_action`` the policy's ``jobs.action`` (over the scenario's repair_config)."""
+    cfg = dict(sc.get("repair_config") or {})
+    if jobs_action is not None:
+        cfg["jobs"] = dict(cfg.get("jobs") or {}, action=jobs_action)
+    return cls(sc.get("health_config"), cfg, mode=mode)

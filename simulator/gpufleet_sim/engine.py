@@ -32,6 +32,7 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import
     loads,
 )
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.drain import wants_drain
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.state import JobInfo
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurmfacts import drain_reason
 
 from .brain import PARTITION, to_epoch, to_hours
@@ -40,6 +41,11 @@ from .scenario import LEVEL
 H = 1.0 / 60.0  # one minute in hours
 _DRAIN = frozenset({"DRAIN"})
 _NO_FLAGS: frozenset = frozenset()
+# plan()'s decisions on a node drained by us with a job still on it (repair.rules: draining, evict, ...)
+ACT_EVICT, ACT_WAIT, ACT_HOLD = "evict", "wait", "hold"
+RULE_DRAINING, RULE_JOB_KEPT, RULE_EVICTION_LIMIT = "draining", "job_kept", "eviction_limit"
+JOB_CHECKPOINT_REQUEUE, JOB_REQUEUE = "checkpoint_requeue", "requeue"
+KEPT = "kept"  # the job keeps the node (jobs.action wait, a job kept, the eviction limit)
 
 
 @dataclass
@@ -303,7 +309,7 @@ class Sim:
                       "approvals": 0, "lemon_faults": 0, "peak_out": 0, "pool_empty": 0, "false_positives": 0,
                       "technician_wait_h": 0.0,
                       "agent_drains": 0, "agent_deferred": 0, "plan_drains": 0, "decisions": 0, "peak_run": 0,
-                      "breaker_trips": 0,
+                      "breaker_trips": 0, "evict_checkpoint": 0, "evict_requeue": 0, "evict_waited": 0,
                       "events": 0}
         self.waiting_jobs: list[Job] = []
         self.out_count = 0
@@ -312,6 +318,7 @@ class Sim:
         self.breaker: BreakerState | None = None  # the circuit breaker's state, persisted from run to run
         self._runs: dict[float, tuple] = {}  # repair run time -> (its event, {node: (record, approvals)})
         self._decided: dict[int, object] = {}  # node -> the Decision of the last run that planned it
+        self.job_actions: list = []  # (time_h, node, the plan() Decision the engine carried out on the job)
         techs = self.rep.get("technicians")
         self.techs = simpy.Resource(self.env, capacity=techs) if techs else None
         nid = 0
@@ -549,11 +556,14 @@ class Sim:
         if not drained:
             rec.state, rec.fault = "healthy", None  # not drained, or the job moved on: the alarm is moot
             return
+        act = yield from self._job_action(n, job, math.inf, alive)
+        if act not in (JOB_CHECKPOINT_REQUEUE, JOB_REQUEUE):
+            rec.state, rec.fault = "healthy", None  # the job keeps the node: the alarm is moot for the model
+            self._release(n)
+            return
         rec.verdict = v
         rec.state = "drained"
-        self.stats["proactive_drains"] += 1
-        self._count(job, fp, planned=True)
-        job.interrupt(Failure(n, fp, env.now, env.now, False, remove=True, planned=True))
+        self._evict(job, n, fp, act)
 
     def _can_fail(self, n: int) -> bool:
         o = self.owner[n]
@@ -721,12 +731,13 @@ class Sim:
 
             drained = yield from self._warning(n, v, seen, fail_at, alive)
             if drained:
-                rec.verdict = v
-                rec.state = "drained"
-                self.stats["proactive_drains"] += 1
-                self._count(job, f, planned=True)
-                job.interrupt(Failure(n, f, env.now, env.now, False, remove=True, planned=True))
-                return
+                act = yield from self._job_action(n, job, fail_at, alive)
+                if act in (JOB_CHECKPOINT_REQUEUE, JOB_REQUEUE):
+                    rec.verdict = v
+                    rec.state = "drained"
+                    self._evict(job, n, f, act)
+                    return
+                # the job keeps the node (or the fault came first): the fault strikes at its time below
         yield env.timeout(max(0.0, fail_at - env.now))
         if rec.token != tok or rec.state != "precursor":
             return
@@ -740,6 +751,7 @@ class Sim:
             self.start_repair(n, Failure(n, f, env.now, env.now, False, True))
         else:
             rec.state = "healthy"
+            self._release(n)
 
     def _silent(self, job: Job, n: int, f: dict, rollback: float, tok: int):
         env = self.env
@@ -773,13 +785,20 @@ class Sim:
 
             drained = yield from self._warning(n, v, seen, end, alive)
             if drained:
-                job.slow.pop(n, None)
-                job.set_rate()
-                rec = self._rec(n)
-                rec.state, rec.fault, rec.since = "drained", f, env.now
-                self.stats["proactive_drains"] += 1
-                self._count(job, f, planned=True)
-                job.interrupt(Failure(n, f, env.now, env.now, False, remove=True, planned=True))
+                act = yield from self._job_action(n, job, end, alive)
+                if act in (JOB_CHECKPOINT_REQUEUE, JOB_REQUEUE):
+                    job.slow.pop(n, None)
+                    job.set_rate()
+                    rec = self._rec(n)
+                    rec.state, rec.fault, rec.since = "drained", f, env.now
+                    self._evict(job, n, f, act)
+                    return
+                # the job keeps the node: it stays slow until the episode ends
+                if end > env.now:
+                    yield env.timeout(end - env.now)
+                if job.slow.pop(n, None) is not None:
+                    job.set_rate()
+                self._release(n)
                 return
         if end > env.now:
             yield env.timeout(end - env.now)
@@ -931,6 +950,10 @@ class Sim:
             v = self._report_for(rec)
         now_s = float(to_epoch(env.now))
         sl = self._slurm(n)
+        if sl.jobs:  # the job has left the node (evicted, or crashed off it): Slurm shows no job on it
+            sl.jobs = ()
+        if proactive and sl.state == "allocated":
+            sl.state = "idle"
         if not proactive:  # a proactive drain (agent or plan) left the record drained by us, with its history
             # a fault: the node cannot run jobs (the live probe, which the simulator does not replay, finds the GPU
             # lost or in need of a reset), so the agent's rule drains it at once when its report asks for a drain
@@ -1123,6 +1146,80 @@ class Sim:
             sl.reason_time = float(to_epoch(env.now))
             return True
         return False
+
+    def _job_action(self, n: int, job: Job, deadline: float, alive):
+        """The node was just drained by us with ``job`` still on it: the next repair run (the shipped loop follows a
+        drain up about a minute later) plans it drained and busy, and plan() decides the job's fate. Returns the
+        JobStep action of an ``evict`` decision (``checkpoint_requeue`` / ``requeue``), ``KEPT`` when the job keeps
+        the node (``wait`` draining / job_kept, ``hold`` eviction_limit), or None when ``deadline`` or ``alive()``
+        came first. The engine adds no rule of its own: every job action is one plan() decision."""
+        env = self.env
+        sl = self._slurm(n)
+        sl.state, sl.flags = "allocated", _DRAIN
+        sl.jobs = (JobInfo(str(job.idx + 1), "RUNNING"),)
+        approvals: set = set()
+        t = self.next_run(env.now + H)
+        for _guard in range(200):
+            if t >= deadline:
+                return None
+            yield self.ask(n, sl, t, approvals)
+            if not alive():
+                return None
+            d = self._decided[n]
+            if d.hist is not None:
+                sl.history = d.hist
+            a, rule = d.action, d.rule
+            if a == ACT_EVICT:
+                if d.needs_approval and not d.approved:
+                    approvals.add(d.approval_key)
+                    t = self.next_run(self.approval_delay(env.now))
+                    continue
+                if self.policy["repair"] == "manual":
+                    t_h = self.human_ready(env.now)
+                    if t_h >= deadline:
+                        return None
+                    yield env.timeout(t_h - env.now)
+                    if not alive():
+                        return None
+                if d.hist_after is not None:
+                    sl.history = d.hist_after
+                self.job_actions.append((env.now, n, d))
+                # d.spare (a hot spare brought in first): the job's empty slot is filled from the idle pool as
+                # every swap is (fill_slots), the spare's GPU-hours already counted
+                return d.jobs.action
+            if (a == ACT_WAIT and rule in (RULE_DRAINING, RULE_JOB_KEPT)) or (
+                    a == ACT_HOLD and rule == RULE_EVICTION_LIMIT):
+                self.job_actions.append((env.now, n, d))
+                self.stats["evict_waited"] += 1
+                return KEPT
+            if a == ACT_WAIT:
+                t = self.next_run(max(to_hours(d.earliest), env.now + H))
+                continue
+            return KEPT  # anything else (a person's call): nothing is done to the job
+        return None
+
+    def _evict(self, job: Job, n: int, f: dict, act: str) -> None:
+        """Carry out plan()'s eviction: checkpoint_requeue checkpoints on the way out (no lost work); requeue
+        stops the job at once, losing the work since its last checkpoint."""
+        now = self.env.now
+        if act == JOB_CHECKPOINT_REQUEUE:
+            self.stats["evict_checkpoint"] += 1
+            self.stats["proactive_drains"] += 1
+            self._count(job, f, planned=True)
+            job.interrupt(Failure(n, f, now, now, False, remove=True, planned=True))
+        else:
+            self.stats["evict_requeue"] += 1
+            self._count(job, f)
+            job.interrupt(Failure(n, f, now, now, False, remove=True, planned=False))
+
+    def _release(self, n: int) -> None:
+        """A drained node that kept its job and is no longer sick: back to an in-service record (the simulator
+        does not model the drain outliving the episode; see docs/simulator.md)."""
+        rec = self.recs.get(n)
+        sl = rec.slurm if rec is not None else None
+        if sl is not None and self.owner[n] != -2:
+            sl.state, sl.flags, sl.reason, sl.reason_user, sl.reason_time = "allocated", _NO_FLAGS, "", "", None
+            sl.jobs = None
 
     def _by_hand(self, rec: NodeRec, action: str, wait_for_hours: bool = False):
         """A step a person carries out (a held or escalated node, every step in manual mode, a replacement): with a

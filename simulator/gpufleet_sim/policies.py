@@ -12,6 +12,10 @@ spares           none: the job waits for its own node; cold: an idle node must b
                  hot: idle nodes are kept validated and swap in within ``hot_swap_min``.
 identify         human: a person has to find the bad node before the job can restart (no automation);
                  auto: the scheduler excludes the node the job died on.
+jobs             the repair policy's ``jobs.action`` (passed to the brain's RepairConfig): what plan() does with
+                 a job on a node it drained: wait (the job keeps the node until the fault or its end),
+                 requeue (stop it now, losing the work since its checkpoint), checkpoint_requeue (signal it to
+                 checkpoint, then requeue it: no lost work). Every built-in policy sets it explicitly.
 """
 
 from __future__ import annotations
@@ -25,19 +29,23 @@ KNOBS = {
     "repair": ("manual", "auto", "approval"),
     "spares": ("none", "cold", "hot"),
     "identify": ("human", "auto"),
+    "jobs": ("wait", "requeue", "checkpoint_requeue"),
 }
 
 BUILTIN: dict[str, dict[str, Any]] = {
     "reactive-manual": {"detection": "reactive", "repair": "manual", "spares": "cold", "identify": "human",
-                        "label": "Reactive, manual repair"},
+                        "jobs": "checkpoint_requeue", "label": "Reactive, manual repair"},
     "reactive-auto": {"detection": "reactive", "repair": "auto", "spares": "cold", "identify": "auto",
-                      "label": "Reactive, automatic requeue + repair"},
+                      "jobs": "checkpoint_requeue", "label": "Reactive, automatic requeue + repair"},
+    "passive-wait": {"detection": "passive", "repair": "auto", "spares": "cold", "identify": "auto",
+                     "jobs": "wait", "label": "Passive checks + auto-repair, drained jobs keep the node (jobs: wait)"},
     "passive+auto-repair": {"detection": "passive", "repair": "auto", "spares": "cold", "identify": "auto",
-                            "label": "Passive checks + auto-repair"},
+                            "jobs": "checkpoint_requeue", "label": "Passive checks + auto-repair"},
     "passive+auto-repair+hot-spares": {"detection": "passive", "repair": "auto", "spares": "hot",
-                                       "identify": "auto", "label": "Passive + auto-repair + hot spares"},
+                                       "identify": "auto", "jobs": "checkpoint_requeue",
+                                       "label": "Passive + auto-repair + hot spares"},
     "together-approval": {"detection": "passive", "repair": "approval", "spares": "hot", "identify": "auto",
-                          "label": "Passive + human-approved repair (Together-style)"},
+                          "jobs": "checkpoint_requeue", "label": "Passive + human-approved repair (Together-style)"},
 }
 
 

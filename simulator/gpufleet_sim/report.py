@@ -43,12 +43,15 @@ _ONE_SEED = [False]
 
 def table(res: dict) -> str:
     _ONE_SEED[0] = res["seeds"] < 2
-    hdr = ["policy", "ETTR", "crashes", "drains", "lost GPU-h", "cost $", "node MTTR h", "swap-ins", "peak out",
-           "P(no spare)", "retired"]
+    hdr = ["policy", "job action", "evicted ckpt/requeue/kept", "ETTR", "crashes", "drains", "lost GPU-h", "cost $",
+           "node MTTR h", "swap-ins", "peak out", "P(no spare)", "retired"]
     rows = []
     for name, p in res["policies"].items():
-        rows.append([name, _fmt(p["ettr"], pct=True), _fmt(p["crashes"]), _fmt(p["proactive_drains"]),
-                     _fmt(p["lost_gpu_hours"], 0), _fmt(p["cost_usd"], 0), _fmt(p["mttr_hours"]),
+        ev = "/".join(f"{p[k]['mean']:.1f}" if k in p else "-"
+                      for k in ("evict_checkpoint", "evict_requeue", "evict_waited"))
+        rows.append([name, p.get("knobs", {}).get("jobs", "?"), ev, _fmt(p["ettr"], pct=True), _fmt(p["crashes"]),
+                     _fmt(p["proactive_drains"]), _fmt(p["lost_gpu_hours"], 0), _fmt(p["cost_usd"], 0),
+                     _fmt(p["mttr_hours"]),
                      _fmt(p["spare_swap_ins"]), _fmt(p["peak_spare_demand"]), _fmt(p["pool_ran_empty"], 2),
                      _fmt(p["nodes_retired"])])
     w = [max(len(str(r[i])) for r in rows + [hdr]) for i in range(len(hdr))]
@@ -68,6 +71,9 @@ def table(res: dict) -> str:
         out.append(f"best: {best[0]}" + (f" (tied within the 95 % CI with {', '.join(tied)})" if tied else "") +
                    f" — saves {saved:,.0f} GPU-hours (${saved * res['price_per_gpu_hour']:,.0f}) against {worst[0]}")
     out.append("crashes: job interruptions by a fault; drains: nodes taken out at a checkpoint on a warning")
+    out.append("job action: the repair policy's jobs.action each policy ran with (plan() decides the job's fate on "
+               "a node it drained); evicted: mean plan() evictions with a checkpoint / requeued without one / "
+               "jobs that kept the drained node")
     out.append(LEGEND_SPARES)
     out.append("cost $: lost GPU-hours x the GPU-hour price, plus the spare nodes' GPU-hours x spare_cost_per_gpu_hour")
     out.append("")
@@ -131,6 +137,9 @@ def public_json(res: dict) -> dict:
                                         "lost_gpu_hours_by_cause", "mttr_hours", "cost_usd", "lost_cost_usd",
                                         "spare_cost_usd", "spare_swap_ins", "peak_spare_demand", "pool_ran_empty",
                                         "nodes_retired", "proactive_drains", "repair_actions")}
+        for k in ("evict_checkpoint", "evict_requeue", "evict_waited"):
+            if k in p:
+                pols[name][k] = p[k]
         pols[name]["label"] = p["label"]
         pols[name]["knobs"] = p["knobs"]
     return {"scenario": res["scenario"], "gpus": res["gpus"], "seeds": res["seeds"],
@@ -290,7 +299,8 @@ def write_html(res: dict, out: Path, pngs: list[Path], table_text: str) -> Path:
             f"<td>{_fmt(p['peak_spare_demand'])}</td><td>{_fmt(p['pool_ran_empty'], 2)}</td></tr>")
     knobs = "".join(
         f"<tr><td>{e(n)}</td><td>{e(p['knobs']['detection'])}</td><td>{e(p['knobs']['repair'])}</td>"
-        f"<td>{e(p['knobs']['spares'])}</td><td>{e(p['knobs']['identify'])}</td></tr>" for n, p in pol.items())
+        f"<td>{e(p['knobs']['spares'])}</td><td>{e(p['knobs']['identify'])}</td>"
+        f"<td>{e(p['knobs'].get('jobs', '?'))}</td></tr>" for n, p in pol.items())
     imgs = "".join(f'<figure><img src="{e(p.name)}" alt="{e(p.stem)}"></figure>' for p in pngs)
     doc = f"""<!doctype html><html><head><meta charset="utf-8"><title>gpufleet-sim: {e(res['scenario'])}</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222;line-height:1.45}}
@@ -318,7 +328,8 @@ node's fault until it is back in service. {e(LEGEND_SPARES)}.</small></p>
 <ul>{"".join(f"<li><b>{e(n)}</b>: {e(t)}</li>" for n, t in explain(res))}</ul>
 {imgs}
 <h2>What the policies are</h2>
-<table><tr><th>policy</th><th>detection</th><th>repair</th><th>spares</th><th>bad node found by</th></tr>{knobs}</table>
+<table><tr><th>policy</th><th>detection</th><th>repair</th><th>spares</th><th>bad node found by</th>
+<th>job action</th></tr>{knobs}</table>
 <p><small>Which symptom is unhealthy and which repair step comes next are decided by the collection's own health rules
 (<code>plugins/module_utils/health</code>) and repair policy (<code>plugins/module_utils/repair</code>); a policy only
 sets who acts and how fast. Per-seed numbers: <a href="results.csv">results.csv</a>; all metrics:

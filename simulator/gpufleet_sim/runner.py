@@ -17,7 +17,8 @@ def run_one(sc: dict, policy: dict, seed: int, brain=None, horizon_h: float | No
     if brain is None:
         from .brain import default_brain
 
-        brain = default_brain(sc, "approval" if policy["repair"] == "approval" else "automatic")
+        brain = default_brain(sc, "approval" if policy["repair"] == "approval" else "automatic",
+                              jobs_action=policy.get("jobs"))
     sim = Sim(sc, policy, seed, brain, horizon_h=horizon_h)
     res = sim.run()
     jobs = res["jobs"]
@@ -63,6 +64,9 @@ def run_one(sc: dict, policy: dict, seed: int, brain=None, horizon_h: float | No
         "spare_gpu_hours": spare_gpu_h,
         "nodes_retired": st["retired"],
         "proactive_drains": st["proactive_drains"],
+        "evict_checkpoint": st["evict_checkpoint"],
+        "evict_requeue": st["evict_requeue"],
+        "evict_waited": st["evict_waited"],
         "repairs": st["repairs"],
         "repair_actions": dict(st["repair_actions"]),
         "lost_cost_usd": lost_cost,
@@ -82,7 +86,8 @@ def aggregate(per_seed: list[dict], classes: list[str]) -> dict:
     out: dict = {}
     for k in ("ettr", "interruptions", "crashes", "lost_gpu_hours", "mttr_hours", "cost_usd", "lost_cost_usd",
               "spare_cost_usd", "spare_swap_ins", "peak_spare_demand", "pool_ran_empty", "nodes_retired",
-              "proactive_drains", "job_mttf_hours", "wall_h", "repairs"):
+              "proactive_drains", "job_mttf_hours", "wall_h", "repairs", "evict_checkpoint", "evict_requeue",
+              "evict_waited"):
         out[k] = mean_ci([float(r[k]) for r in per_seed])
     out["interruptions_by_class"] = {c: mean_ci([float(r["interruptions_by_class"].get(c, 0)) for r in per_seed])
                                      for c in classes}
@@ -120,7 +125,8 @@ def run_scenario(sc: dict, policies: list | None = None, seeds: int | None = Non
     for p in pols:
         rows = []
         mode = "approval" if p["repair"] == "approval" else "automatic"
-        b = brain or brains.setdefault(mode, default_brain(sc, mode))
+        key = (mode, p.get("jobs"))
+        b = brain or brains.get(key) or brains.setdefault(key, default_brain(sc, mode, jobs_action=p.get("jobs")))
         for s in range(seed0, seed0 + n):
             rows.append(run_one(sc, p, s, b))
             done += 1
@@ -129,6 +135,7 @@ def run_scenario(sc: dict, policies: list | None = None, seeds: int | None = Non
         agg = aggregate(rows, classes)
         agg["label"] = p.get("label", p["name"])
         agg["knobs"] = {k: p[k] for k in ("detection", "repair", "spares", "identify")}
+        agg["knobs"]["jobs"] = p.get("jobs") or getattr(b.repair_config, "job_action", "?")
         out["policies"][p["name"]] = agg
         out["per_seed"][p["name"]] = rows
     out["paired"] = paired(out["per_seed"])

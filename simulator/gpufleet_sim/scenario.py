@@ -304,7 +304,7 @@ def validate(raw: Any, source: str = "scenario") -> dict:
     pol = raw.get("policies")
     if pol is not None and not isinstance(pol, list):
         raise SpecError(f"{source}.policies: expected a list of policy names or policy mappings")
-    sc["policies"] = pol or ["reactive-manual", "reactive-auto", "passive+auto-repair",
+    sc["policies"] = pol or ["reactive-manual", "reactive-auto", "passive-wait", "passive+auto-repair",
                              "passive+auto-repair+hot-spares", "together-approval"]
     for i, p in enumerate(sc["policies"]):  # wrong names fail now, also when --policy picks others
         resolve(p, f"{source}.policies[{i}]")

@@ -143,8 +143,8 @@ class JobInfo:
         for key in ("requeue", "on_node"):
             if key in d and not isinstance(d[key], bool):
                 raise RepairError(f"{where}.{key}: expected true or false, got {d[key]!r}")
-        return cls(str(jid), state.upper(), d.get("requeue", True), str(d.get("comment") or ""), str(d.get("qos") or ""),
-                   d.get("on_node", True))
+        return cls(str(jid), state.upper(), d.get("requeue", True), str(d.get("comment") or ""),
+                   str(d.get("qos") or ""), d.get("on_node", True))
 
 
 # ------------------------------------------------------------------------------------------------

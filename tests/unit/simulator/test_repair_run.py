@@ -115,3 +115,45 @@ def test_max_unavailable_holds_across_one_run():
     assert {d.rule for d in first if d.action == "hold"} == {"blast_radius_drain"}
     assert len(drained_at) == 4 and sim.out_count == 4
     _replay(brain)
+
+
+def _precursor_case(action):
+    sim, brain, _f = _sim({"breaker": {"enabled": False}, "jobs": {"action": action}}, "passive+auto-repair")
+    f = next(x for x in scn.load(val.SCENARIOS / "default-1k.yaml")["faults"] if x["name"] == "gpu_hbm3")
+    f = dict(f, visible=1.0)
+    job = sim.jobs[0]
+    nodes = [3, 40, 77]
+
+    def strike(n):
+        yield sim.env.timeout(1.0)
+        rec = sim._rec(n)
+        rec.state, rec.fault, rec.since = "precursor", f, sim.env.now
+        yield from sim._precursor(job, n, f, 6.0, rec.token)
+
+    for n in nodes:
+        sim.env.process(strike(n))
+    sim.env.run(until=12.0)
+    return sim, brain, job
+
+
+def test_every_job_action_is_one_plan_decision():
+    """A warned node drained by us with the job on it: what the engine does to the job is exactly one plan()
+    decision (evict, or wait by the draining rule), made on a run whose direct replay gives the same."""
+    for action, kind in (("checkpoint_requeue", "evict"), ("requeue", "evict"), ("wait", "wait")):
+        sim, brain, job = _precursor_case(action)
+        planned = {id(d) for _i, p in brain.runs for d in p}
+        assert sim.job_actions, action
+        for _t, _n, d in sim.job_actions:
+            assert id(d) in planned  # the very Decision a run returned, nothing the engine made up
+            assert d.action == kind and d.rule == ("evict" if kind == "evict" else "draining")
+            if kind == "evict":
+                assert d.jobs.action == action
+        st = sim.stats
+        n = len(sim.job_actions)
+        if action == "checkpoint_requeue":
+            assert st["evict_checkpoint"] == n and job.lost_work == 0
+        elif action == "requeue":
+            assert st["evict_requeue"] == n
+        else:
+            assert st["evict_waited"] == n and st["evict_checkpoint"] == st["evict_requeue"] == 0
+        _replay(brain)

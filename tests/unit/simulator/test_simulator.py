@@ -163,7 +163,10 @@ class _TextChecked:
         records = [{"name": n.name, "partition": n.partitions[0], "domains": dict(n.domains),
                     "state": "+".join([n.state.upper()] + sorted(n.flags)), "reason": n.reason,
                     "reason_user": n.reason_user, "reason_time": n.reason_time, "report": n.report,
-                    "report_time": n.report_time, "history": h, "boot_time": n.boot_time}
+                    "report_time": n.report_time, "history": h, "boot_time": n.boot_time,
+                    "jobs": None if n.jobs is None else [
+                        {"job_id": j.job_id, "state": j.state, "requeue": j.requeue, "comment": j.comment,
+                         "qos": j.qos, "on_node": j.on_node} for j in n.jobs]}
                    for n, h in zip(nodes, histories_before)]
         counts = {"total": fleet.total,
                   "partitions": {p: {"total": c.total, "available": c.available, "unavailable": c.unavailable,
@@ -221,7 +224,8 @@ def test_user_policy_yaml_and_rack_outage(tmp_path):
                        check=False)
     assert r.returncode == 0, r.stderr
     pol = json.loads(r.stdout)["policies"]["slow-approval"]
-    assert pol["knobs"] == {"detection": "passive", "repair": "approval", "spares": "cold", "identify": "auto"}
+    assert pol["knobs"] == {"detection": "passive", "repair": "approval", "spares": "cold", "identify": "auto",
+                            "jobs": "checkpoint_requeue"}
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nspares: lukewarm\n")
     r = subprocess.run([sys.executable, "-m", "gpufleet_sim.cli", "run", str(val.SCENARIOS / "default-1k.yaml"),
