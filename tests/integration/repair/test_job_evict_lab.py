@@ -96,6 +96,13 @@ def test_warned_node_checkpoints_the_job_onto_the_spare_and_it_resumes(repair_la
     victim, nodes, t0 = warn_on_a_job_node(rl, job)
     assert spare not in nodes
 
+    # --check predicts the eviction and changes nothing
+    _r, art = rl.run(config={"jobs": {"signal_to": "batch", "grace": 60}}, cmdline="--check")
+    result = [r for r in art["gpufleet_repair_result"] if r["node"] == victim][0]
+    assert result["jobs"] == {job: "would signal"} and result["check_mode"], result
+    assert "signalled" not in progress.read_text() and "ev" not in rl.history(victim).get("i", {})
+    assert rl.lab.node_states()[spare][0] == "drained"
+
     _r, art = rl.run(config={"jobs": {"signal_to": "batch", "grace": 60}})
     d = decisions(art)[victim]
     assert (d["action"], d["rule"], d["runnable"]) == ("evict", "evict", True), d
