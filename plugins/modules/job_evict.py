@@ -173,7 +173,6 @@ def main() -> None:
             return {j["job_id"]: j for j in client.node_jobs(name, ids)}
         except (SlurmError, ValueError) as exc:
             fail_slurm(module, exc, jobs=result, signalled=signalled)
-            raise  # fail_slurm exits
 
     result: dict = {}
     signalled: list = []

@@ -168,8 +168,8 @@ plan:
       description: One decision per node that needs attention (node, action, reason, earliest, needs_approval,
         approved, runnable, verify, failure_class, incident, partition, code, gpu, spare, hook, history,
         history_after, stored_history, rule, approval, slurm_reason, since - the start of the repair step a
-        verification after this decision checks - and jobs, for an C(evict) decision: action, phase (signal or
-        requeue), job_ids, signal, signal_to, grace, kept and waits_for_nodes).
+        verification after this decision checks - and jobs, the job part of an C(evict) decision with action,
+        phase (signal or requeue), job_ids, signal, signal_to, grace, kept and waits_for_nodes).
       type: list
       elements: dict
     breaker:
