@@ -46,6 +46,7 @@ ACT_EVICT, ACT_WAIT, ACT_HOLD = "evict", "wait", "hold"
 RULE_DRAINING, RULE_JOB_KEPT, RULE_EVICTION_LIMIT = "draining", "job_kept", "eviction_limit"
 JOB_CHECKPOINT_REQUEUE, JOB_REQUEUE = "checkpoint_requeue", "requeue"
 KEPT = "kept"  # the job keeps the node (jobs.action wait, a job kept, the eviction limit)
+_KEPT_BY = {(ACT_WAIT, RULE_DRAINING), (ACT_WAIT, RULE_JOB_KEPT), (ACT_HOLD, RULE_EVICTION_LIMIT)}
 
 
 @dataclass
@@ -1109,25 +1110,45 @@ class Sim:
                 sl.reason_time = float(to_epoch(env.now))
                 return True
             self.stats["agent_deferred"] += 1
+        d = yield from self._plan_until(n, sl, self.next_run(env.now), deadline, alive, "drain", self._drain_retry)
+        if d is None or d.action != "drain":
+            return False  # held, nothing to do (monitoring, a person's call), or too late: it stays in service
+        self.stats["plan_drains"] += 1
+        sl.state, sl.flags, sl.reason, sl.reason_user = "idle", _DRAIN, drain_reason(d.code, d.gpu), "root"
+        sl.reason_time = float(to_epoch(env.now))
+        return True
+
+    def _drain_retry(self, d) -> float | None:
+        """When a node waiting for plan()'s drain is asked again: at a wait's time, the next run while a limit or
+        the breaker holds it; None: plan() decided otherwise, the node stays in service."""
+        if d.action == "wait":
+            return max(to_hours(d.earliest), self.env.now + H)
+        if d.action == "hold" and d.rule in ("blast_radius_drain", "breaker"):
+            return self.env.now + H
+        return None
+
+    def _plan_until(self, n: int, sl: NodeState, t: float, deadline: float, alive, action: str, retry):
+        """Ask plan() about node ``n`` (Slurm record ``sl``) at the repair runs from ``t`` until it decides
+        ``action``, approved (an approval takes ``approval_delay``) and, in manual mode, carried out by a person in
+        business hours; returns that Decision. A decision of another action ends the asking unless ``retry(d)``
+        gives the time to ask again, and is returned. None: ``deadline`` or ``alive()`` came first."""
+        env = self.env
         approvals: set = set()
-        t = self.next_run(env.now)
         for _guard in range(200):
             if t >= deadline:
-                return False
+                return None
             yield self.ask(n, sl, t, approvals)
             if not alive():
-                return False
+                return None
             d = self._decided[n]
             if d.hist is not None:
                 sl.history = d.hist
-            if d.action == "wait":
-                t = self.next_run(max(to_hours(d.earliest), env.now + H))
+            if d.action != action:
+                again = retry(d)
+                if again is None:
+                    return d
+                t = self.next_run(again)
                 continue
-            if d.action == "hold" and d.rule in ("blast_radius_drain", "breaker"):
-                t = self.next_run(env.now + H)  # a limit or the breaker holds it: the next run asks again
-                continue
-            if d.action != "drain":
-                return False  # nothing to do (monitoring, a person's call): it stays in service
             if d.needs_approval and not d.approved:
                 approvals.add(d.approval_key)
                 t = self.next_run(self.approval_delay(env.now))
@@ -1135,17 +1156,14 @@ class Sim:
             if self.policy["repair"] == "manual":
                 t_h = self.human_ready(env.now)
                 if t_h >= deadline:
-                    return False
+                    return None
                 yield env.timeout(t_h - env.now)
                 if not alive():
-                    return False
+                    return None
             if d.hist_after is not None:
                 sl.history = d.hist_after
-            self.stats["plan_drains"] += 1
-            sl.state, sl.flags, sl.reason, sl.reason_user = "idle", _DRAIN, drain_reason(d.code, d.gpu), "root"
-            sl.reason_time = float(to_epoch(env.now))
-            return True
-        return False
+            return d
+        return None
 
     def _job_action(self, n: int, job: Job, deadline: float, alive):
         """The node was just drained by us with ``job`` still on it: the next repair run (the shipped loop follows a
@@ -1157,45 +1175,25 @@ class Sim:
         sl = self._slurm(n)
         sl.state, sl.flags = "allocated", _DRAIN
         sl.jobs = (JobInfo(str(job.idx + 1), "RUNNING"),)
-        approvals: set = set()
-        t = self.next_run(env.now + H)
-        for _guard in range(200):
-            if t >= deadline:
-                return None
-            yield self.ask(n, sl, t, approvals)
-            if not alive():
-                return None
-            d = self._decided[n]
-            if d.hist is not None:
-                sl.history = d.hist
-            a, rule = d.action, d.rule
-            if a == ACT_EVICT:
-                if d.needs_approval and not d.approved:
-                    approvals.add(d.approval_key)
-                    t = self.next_run(self.approval_delay(env.now))
-                    continue
-                if self.policy["repair"] == "manual":
-                    t_h = self.human_ready(env.now)
-                    if t_h >= deadline:
-                        return None
-                    yield env.timeout(t_h - env.now)
-                    if not alive():
-                        return None
-                if d.hist_after is not None:
-                    sl.history = d.hist_after
-                self.job_actions.append((env.now, n, d))
-                # d.spare (a hot spare brought in first): the job's empty slot is filled from the idle pool as
-                # every swap is (fill_slots), the spare's GPU-hours already counted
-                return d.jobs.action
-            if (a == ACT_WAIT and rule in (RULE_DRAINING, RULE_JOB_KEPT)) or (
-                    a == ACT_HOLD and rule == RULE_EVICTION_LIMIT):
-                self.job_actions.append((env.now, n, d))
-                self.stats["evict_waited"] += 1
-                return KEPT
-            if a == ACT_WAIT:
-                t = self.next_run(max(to_hours(d.earliest), env.now + H))
-                continue
-            return KEPT  # anything else (a person's call): nothing is done to the job
+        d = yield from self._plan_until(n, sl, self.next_run(env.now + H), deadline, alive, ACT_EVICT,
+                                        self._job_retry)
+        if d is None:
+            return None
+        if d.action == ACT_EVICT:
+            self.job_actions.append((env.now, n, d))
+            # d.spare (a hot spare brought in first): the job's empty slot is filled from the idle pool as every
+            # swap is (fill_slots), the spare's GPU-hours already counted
+            return d.jobs.action
+        if (d.action, d.rule) in _KEPT_BY:
+            self.job_actions.append((env.now, n, d))
+            self.stats["evict_waited"] += 1
+        return KEPT  # the job keeps the node; anything else (a person's call) does nothing to the job either
+
+    def _job_retry(self, d) -> float | None:
+        """A wait of plan()'s own before it decides the job action (the TTL, a limit) is asked again at its time;
+        the job keeping the node (draining, job_kept, eviction_limit) ends the asking."""
+        if d.action == ACT_WAIT and (d.action, d.rule) not in _KEPT_BY:
+            return max(to_hours(d.earliest), self.env.now + H)
         return None
 
     def _evict(self, job: Job, n: int, f: dict, act: str) -> None:
