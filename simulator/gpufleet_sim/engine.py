@@ -112,7 +112,10 @@ class Job:
         self.jf_rate = sum(r for _f, r in self.jf_classes)
         self.jrng = sim.stream("jobfault:" + self.name)
         self.jf_next = self.jrng.expovariate(self.jf_rate) if self.jf_rate > 0 else math.inf
-        self.continuous = spec["checkpoint_interval_min"] == 0  # in-memory every step: no lost work
+        # in-memory every step (no lost work): an interval of 0, or Young/Daly for a checkpoint that costs nothing
+        # (their optimum interval goes to 0 with the cost)
+        ci = spec["checkpoint_interval_min"]
+        self.continuous = ci == 0 or (isinstance(ci, str) and spec["checkpoint_cost_min"] == 0)
         self.tau = sim.checkpoint_interval(self) if not self.continuous else math.inf
         self.delta = spec["checkpoint_cost_min"] * H
         self.proc = sim.env.process(self.run())
@@ -352,9 +355,13 @@ class Sim:
 
     # --- checkpoint interval -------------------------------------------------------------------------------------
     def job_rate(self, job_spec: dict) -> float:
+        """The rate of faults that interrupt the job and lose its work (crashes, and silent errors found later),
+        per hour: the MTBF Young's and Daly's intervals take. A straggler slows the job and loses no work."""
         n = job_spec["nodes"]
         r = 0.0
         for f in self.sc["faults"]:
+            if f["effect"] == "straggler":
+                continue
             if f["scope"] == "job" and f.get("job_mtbf_h"):
                 r += 1.0 / f["job_mtbf_h"]
             elif f["per_node_h"]:
@@ -369,8 +376,8 @@ class Sim:
             return ci * H
         delta = job.spec["checkpoint_cost_min"] * H
         lam = self.job_rate(job.spec)
-        if lam <= 0 or delta <= 0:
-            return math.inf if delta > 0 else 1.0
+        if lam <= 0:
+            return math.inf  # nothing to lose work to: checkpoint never (a cost of 0 is continuous, see Job)
         m = 1.0 / lam
         return young(delta, m) if ci == "young" else daly(delta, m)
 

@@ -165,6 +165,10 @@ def validate(raw: Any, source: str = "scenario") -> dict:
             "restart_min": _dur(j, "restart_min", jp, {"dist": "lognormal", "median": 10, "p90": 25}),
             "faults_while_down": _get(j, "faults_while_down", jp, bool, True),
         }
+        if ci == 0 and job["checkpoint_cost_min"] > 0:
+            raise SpecError(f"{jp}.checkpoint_interval_min: 0 means an in-memory checkpoint every step, free; with "
+                            f"checkpoint_cost_min {job['checkpoint_cost_min']:g} give an interval in minutes, or "
+                            "'young' / 'daly'")
         used += job["nodes"]
         jobs.append(job)
     if used > cluster["nodes"]:
