@@ -7,7 +7,8 @@ in, signals the job, gives it its grace, requeues it, and Slurm starts it again 
 
 - ``checkpoint_requeue``: the job resumes from the step it was signalled at (0 steps lost).
 - ``wait``: the job keeps the drained node until it ends; nothing is signalled or requeued.
-- A job that ignores the signal is requeued when its grace runs out; a non-requeueable job is never evicted.
+- A job that ignores the signal is requeued when its grace runs out; a non-requeueable or opted-out job is never
+  evicted.
 - A repair run killed between the signal and the requeue converges on the next run.
 """
 
@@ -170,15 +171,19 @@ def test_a_job_that_ignores_the_signal_is_requeued_after_its_grace(repair_lab, t
     rl.lab.run("scancel", job)
 
 
-def test_a_job_that_cannot_be_requeued_keeps_the_node(repair_lab, tmp_path):
+@pytest.mark.parametrize("extra, why", [
+    (("--no-requeue",), "is not requeueable"),
+    (("--comment=llm-70b gpufleet:no-evict",), "opted out (its comment holds 'gpufleet:no-evict')"),
+], ids=["no-requeue", "opted-out"])
+def test_a_job_that_may_not_be_evicted_keeps_the_node(repair_lab, tmp_path, extra, why):
     rl = repair_lab
     rl.spare(rl.lab.nodes[-1])
-    job, progress = submit(rl, tmp_path, extra=("--no-requeue",))
+    job, progress = submit(rl, tmp_path, extra=extra)
     victim, nodes, _t0 = warn_on_a_job_node(rl, job)
 
     _r, art = rl.run(config={"jobs": {"signal_to": "batch", "grace": 5}})
     d = decisions(art)[victim]
-    assert (d["action"], d["rule"]) == ("wait", "job_kept") and f"job {job} is not requeueable" in d["reason"], d
+    assert (d["action"], d["rule"]) == ("wait", "job_kept") and f"job {job} {why}" in d["reason"], d
     state, now_nodes, restarts = job_info(rl, job)
     assert state == "RUNNING" and now_nodes == nodes and restarts == "0"
     assert "signalled" not in progress.read_text()
