@@ -79,7 +79,7 @@ def decisions(art):
 
 def warn_on_a_job_node(rl, job):
     """A fault on one of the job's nodes (not its batch host); the real agent drains it while the job runs on it."""
-    _state, nodes, _ = job_info(rl, job)
+    nodes = job_info(rl, job)[1]
     victim = nodes[1]
     t0 = time.time()
     rl.inject(victim, "xid48", "reboot")
