@@ -400,8 +400,12 @@ fi
 root=$ROOT
 mode=\$1; shift
 if [[ "$CHROOT_USERS" == host ]]; then
-  # the host's users and groups, written in place (same inode): every namespace and running daemon sees them
-  for f in /etc/passwd /etc/group; do cmp -s "\$f" "\$root\$f" || cat "\$f" >"\$root\$f"; done
+  # the host's users and groups, written in place (same inode): every namespace and running daemon sees them.
+  # Overwritten without truncating first, then cut to length: a Slurm command reading the file meanwhile (another
+  # lab command, a daemon) never finds it empty ("Invalid user for SlurmUser root", seen when a test added a user).
+  for f in /etc/passwd /etc/group; do
+    cmp -s "\$f" "\$root\$f" || { cat "\$f" 1<>"\$root\$f" && truncate -s "\$(stat -c %s "\$f")" "\$root\$f"; }
+  done
 fi
 mount -t proc proc "\$root/proc"
 mount --rbind /dev "\$root/dev"
