@@ -168,7 +168,8 @@ binary_path() {
 }
 
 # --- PID safety --------------------------------------------------------------------------------------------
-# verified_pid PIDFILE BINARY [prune]: print the PID if it is alive, runs BINARY and belongs to this lab. Nothing
+# verified_pid PIDFILE BINARY [prune]: print the PID if it is alive, runs BINARY ("*": any, for a stray found by its
+# command line) and belongs to this lab. Nothing
 # is ever signalled by name. Only stop passes "prune", which removes a stale PID file: a check that only looks
 # must not, because Slurm >= 23.11 re-execs slurmctld on reconfigure and the new process writes its PID over the
 # old one's - a look that read the old PID, found it gone and removed the file would remove the new PID with it,
@@ -178,14 +179,14 @@ verified_pid() {
   [[ -f "$pidfile" ]] || return 1
   pid=$(tr -dc '0-9' <"$pidfile" 2>/dev/null || true)
   if [[ -z "$pid" || ! -d /proc/$pid ]]; then [[ -z "$prune" ]] || rm -f "$pidfile"; return 1; fi
-  if ! tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -Fxq "SLURM_CONF=$CONF" &&
-    ! tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | grep -Fq "$LAB"; then
+  if ! tr '\0' '\n' 2>/dev/null <"/proc/$pid/environ" | grep -Fxq "SLURM_CONF=$CONF" &&
+    ! tr '\0' '\n' 2>/dev/null <"/proc/$pid/cmdline" | grep -Fq "$LAB"; then
     [[ -z "$prune" ]] || rm -f "$pidfile"  # a recycled PID: not ours
     return 1
   fi
   exe=$(readlink "/proc/$pid/exe" 2>/dev/null || true)
   exe=${exe% (deleted)}
-  if [[ "$exe" != "$(binary_path "$binary")" ]]; then
+  if [[ "$binary" != "*" && "$exe" != "$(binary_path "$binary")" ]]; then
     # Ours, but another binary (a lab of the other release in this directory): keep the PID file.
     [[ "$exe" == */"${binary##*/}"* ]] && log "pid $pid in $pidfile runs $exe, not $(binary_path "$binary")"
     [[ "$exe" == */"${binary##*/}"* || -z "$prune" ]] || rm -f "$pidfile"
@@ -194,20 +195,25 @@ verified_pid() {
   echo "$pid"
 }
 
-# stop_strays: Slurm daemons of this lab (their command line names this lab's slurm.conf) whose PID file is gone -
+# stop_strays: Slurm daemons of this lab (their command line names this lab's slurm.conf), and a munged whose
+# socket is this lab's, whose PID file is gone or names another release's binary -
 # a run killed between a daemon's start and its PID file, or a PID file removed under a live daemon - stopped by
 # PID like the others. Without this a stray slurmctld keeps the lab's port and every later start fails.
 stop_strays() {
-  local p cmd
+  local p cmd own_munged
   local -a specs=()
+  own_munged=$(munged_pid || true)  # this lab's own munged (its PID file, this release): never a stray
   for p in /proc/[0-9]*; do
-    cmd=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
+    cmd=$(tr '\0' ' ' 2>/dev/null <"$p/cmdline") || continue  # the process may be gone by now: say nothing
     case "$cmd" in
       *"/usr/sbin/slurm"*" -f $CONF "* | *"/usr/sbin/slurm"*" -f $CONF") ;;
+      *"/usr/sbin/munged "*"--socket=$LAB/munge/"*) [[ "${p#/proc/}" != "$own_munged" ]] || continue ;;
       *) continue ;;
     esac
     echo "${p#/proc/}" >"$LAB/run/stray-${p#/proc/}.pid"
-    specs+=("stray ${cmd%% *}:$LAB/run/stray-${p#/proc/}.pid:${cmd%% *}")
+    # any binary ("*"): its command line names this lab, whichever release ran it (a munged of the other release,
+    # left running by a lab of that release in this directory, keeps the socket and every later start fails)
+    specs+=("stray ${cmd%% *}:$LAB/run/stray-${p#/proc/}.pid:*")
   done
   ((${#specs[@]})) || return 0
   stop_pids "${specs[@]}"
