@@ -49,14 +49,14 @@ TRAP = """trap 'save; echo "signalled at $step $(date +%s.%N)" >>"$progress"; ex
 IGNORE = """trap 'echo "ignored the signal at $step" >>"$progress"' USR1"""
 
 
-def submit(rl, tmp_path, trap=TRAP, total=100000, extra=()):
-    d = tmp_path / "job"
+def submit(rl, tmp_path, trap=TRAP, total=100000, extra=(), nodes=3, name="job"):
+    d = tmp_path / name
     d.mkdir()
     script = d / "job.sh"
     script.write_text(JOB.format(d=shlex.quote(str(d)), trap=trap, total=total))
     script.chmod(0o755)
-    job = rl.lab.run("sbatch", "--parsable", "-N3", "--requeue", "--open-mode=append", "-o", str(d / "out.log"),
-                     *extra, str(script)).stdout.strip()
+    job = rl.lab.run("sbatch", "--parsable", f"-N{nodes}", "--requeue", "--open-mode=append", "-o",
+                     str(d / "out.log"), *extra, str(script)).stdout.strip()
     progress = d / "progress.log"
     wait_until(lambda: progress.exists() and "step 3" in progress.read_text(), timeout=60, what="the job running")
     return job, progress
@@ -226,3 +226,30 @@ def test_a_run_killed_after_the_signal_converges_on_the_next_run(repair_lab, tmp
     _state, now_nodes, restarts = job_info(rl, job)
     assert victim not in now_nodes and spare in now_nodes and restarts == "1", now_nodes
     rl.lab.run("scancel", job)
+
+
+def test_an_eviction_storm_is_held_past_the_limit_and_the_run_says_so(repair_lab, tmp_path):
+    """Two warned nodes, each with a job, and jobs.max_evictions 1: one job is evicted, the other keeps its node
+    (rule eviction_limit), and the run fails, naming the held eviction, as for other held work."""
+    rl = repair_lab
+    jobs = [submit(rl, tmp_path, nodes=1, name=f"job{i}", extra=(f"-w{rl.lab.nodes[i]}",)) for i in range(2)]
+    for i in range(2):
+        rl.inject(rl.lab.nodes[i], "xid48", "reboot")
+    for i in range(2):
+        rl.drained_by_agent(rl.lab.nodes[i])
+
+    r, art = rl.run(ok=False, config={"jobs": {"action": "requeue", "max_evictions": 1}, "spares": {"enabled": False}})
+    got = {n: (d["action"], d["rule"]) for n, d in decisions(art).items()}
+    assert sorted(got.values()) == [("evict", "evict"), ("hold", "eviction_limit")], got
+    held = [n for n, v in got.items() if v[1] == "eviction_limit"][0]
+    problems = art["gpufleet_repair_summary"]["problems"]
+    assert any(p.startswith(f"{held} held: would requeue job(s)") and "jobs.max_evictions 1" in p
+               for p in problems), problems
+    # the held node's job still runs there, never requeued; the other was requeued
+    for job, _progress in jobs:
+        state, now_nodes, restarts = job_info(rl, job)
+        if now_nodes == [held]:
+            assert state == "RUNNING" and restarts == "0", (state, restarts)
+        else:
+            assert restarts == "1", (job, state, now_nodes)
+        rl.lab.run("scancel", job)
