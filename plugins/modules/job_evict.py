@@ -18,9 +18,13 @@ description:
     in any state but C(COMPLETED) (it checkpointed and exited, or the signal ended it). A job that is queued again
     (it requeued itself) or runs elsewhere is left alone; a job that ended C(COMPLETED) finished its work.
   - O(phase=requeue) requeues at once, by the same rule, without a signal.
-  - Slurm gives a requeued job a begin time about two minutes away; the hot spare is already in service when this
-    runs, so each requeued job's start time is set to now once it is pending again (C(scontrol update
-    JobId=... StartTime=now)).
+  - Slurm gives a requeued job a begin time about two minutes away once its requeue has finished (its processes
+    ended, its epilogs ran); the hot spare is already in service when this runs, so the module waits (up to two
+    minutes) for each requeued job to be pending with its begin time in the future (C(squeue -O EligibleTime)) and
+    sets its start time to now (C(scontrol update JobId=... StartTime=now)), again if Slurm sets the begin time
+    again. Never within two seconds of the requeue: a node refuses a launch credential made in the second the
+    job's old one was revoked in, and the job would end C(FAILED). A job still held back after that is a
+    warning; it starts when Slurm's delay ends.
   - In check mode nothing is signalled or requeued; the result says what would be.
 author:
   - gpufleet.reliability contributors (@gpufleet)
@@ -133,6 +137,14 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.slurmfacts im
     is_job_id,
 )
 
+#: Seconds to wait for a requeued job to be pending for its begin time (Slurm's requeue delay is 120 s by default:
+#: past that the wait gains nothing), and between two requests to bring its start forward.
+START_WAIT = 120
+START_AGAIN = 5
+#: Seconds after the requeue before its start is brought forward: a Slurm node refuses a launch credential made in
+#: or before the second the job's old credential was revoked in (slurmd's cred_revoked()).
+REVOKED_FOR = 2
+
 
 def main() -> None:
     argument_spec = dict(
@@ -177,6 +189,7 @@ def main() -> None:
     result: dict = {}
     signalled: list = []
     requeued: list = []
+    requeued_at: dict = {}
     left_after = None
     jobs = look()
     if p["phase"] == "signal":
@@ -211,6 +224,7 @@ def main() -> None:
                 result[jid] = "would requeue"
                 continue
             try:
+                requeued_at[jid] = time.time()
                 client.requeue(jid)
             except SlurmError as exc:
                 fail_slurm(module, exc, jobs=result, signalled=signalled)
@@ -222,19 +236,38 @@ def main() -> None:
             result[jid] = "elsewhere"
         else:
             result[jid] = "completed"
-    # Slurm holds a requeued job back for about two minutes (its begin time); the spare is already in, so it may
-    # start at once. A job takes the new start time once it is pending again.
+    # Slurm holds a requeued job back: its begin time is about two minutes on, set when the job is pending again -
+    # at once for a job that had ended, after its processes ended and its epilogs ran for one that still ran (longer
+    # on a busy node). The spare is already in, so the job may start at once: while it is pending with a begin time
+    # in the future, bring its start forward; a begin time set again by a requeue that finished after that is
+    # brought forward again. Done when it may start now (it waits for nodes or its priority), runs, or has left.
+    # Never in the second of the requeue or the one after: a node refuses a launch credential made no later than
+    # the second its old one was revoked in (the requeue's kill), and the launch fails, ending the job FAILED.
     t0 = time.monotonic()
-    while requeued and time.monotonic() - t0 < 30:
+    asked: dict = {}
+    while requeued and time.monotonic() - t0 < START_WAIT:
         jobs = look()
-        for jid in [j for j in requeued if jobs.get(j, {}).get("state") in JOB_QUEUED_STATES]:
-            try:
-                client.start_now(jid)
-            except SlurmError as exc:
-                module.warn(f"job {jid}: requeued, but its start could not be brought forward: {exc}")
-            requeued.remove(jid)
+        for jid in list(requeued):
+            j = jobs.get(jid)
+            if j is not None and j["state"] == "COMPLETING":
+                continue  # still finishing its requeue
+            if j is None or j["state"] not in JOB_QUEUED_STATES or (j["eligible"] or 0) <= time.time():
+                requeued.remove(jid)
+                continue
+            if time.time() < requeued_at[jid] + REVOKED_FOR:
+                continue
+            if time.monotonic() - asked.get(jid, -START_AGAIN) >= START_AGAIN:
+                asked[jid] = time.monotonic()
+                try:
+                    client.start_now(jid)
+                except SlurmError as exc:
+                    module.warn(f"job {jid}: requeued, but its start could not be brought forward: {exc}")
+                    requeued.remove(jid)
         if requeued:
             time.sleep(0.5)
+    for jid in requeued:
+        module.warn(f"job {jid}: requeued, but Slurm still holds it back (its requeue delay) after {START_WAIT} s; "
+                    "it starts when the delay ends")
     changed = bool(signalled) or any(v in ("requeued", "would requeue", "would signal") for v in result.values())
     module.exit_json(changed=changed, jobs=result, signalled=signalled, left_after=left_after)
 

@@ -228,22 +228,24 @@ def parse_jobs_text(text: str, sep: str = "\x1f") -> List[Dict[str, Any]]:
 
 
 #: squeue --Format fields of parse_job_records, the comment last (it is free text a user sets).
-JOB_FIELDS = ("JobID", "State", "Requeue", "QOS", "NodeList", "Comment")
+JOB_FIELDS = ("JobID", "State", "Requeue", "QOS", "NodeList", "EligibleTime", "Comment")
 
 
 def parse_job_records(text: str, sep: str = "\x1f") -> List[Dict[str, Any]]:
-    """``squeue -h -O JobID:<sep>,State:<sep>,Requeue:<sep>,QOS:<sep>,NodeList:<sep>,Comment:<sep>`` -> job dicts
-    (job_id, state, requeue, qos, nodes, comment). The comment may hold anything a user typed, the separator
-    included, so it is the rest of the line; a line that is not a job (a comment with a newline in it) is a parse
-    error, never a guess."""
+    """``squeue -h -O JobID:<sep>,State:<sep>,Requeue:<sep>,QOS:<sep>,NodeList:<sep>,EligibleTime:<sep>,Comment:<sep>``
+    -> job dicts (job_id, state, requeue, qos, nodes, eligible, comment). ``eligible`` is the epoch second a
+    pending job may start from (its begin time: in the future for a requeued job Slurm holds back) or None. The
+    comment may hold anything a user typed, the separator included, so it is the rest of the line; a line that is
+    not a job (a comment with a newline in it) is a parse error, never a guess."""
     jobs: List[Dict[str, Any]] = []
     for line in text.splitlines():
         if not line.strip():
             continue
-        f = line.split(sep, 5)
-        if len(f) < 6 or not is_job_id(f[0].strip()) or f[2].strip() not in ("0", "1"):
+        f = line.split(sep, 6)
+        if len(f) < 7 or not is_job_id(f[0].strip()) or f[2].strip() not in ("0", "1"):
             raise SlurmError(f"cannot parse squeue job line {line[:200]!r}", stdout=text, kind="parse")
-        comment = f[5][:-1] if f[5].endswith(sep) else f[5]
+        comment = f[6][:-1] if f[6].endswith(sep) else f[6]
         jobs.append({"job_id": f[0].strip(), "state": f[1].strip().upper(), "requeue": f[2].strip() == "1",
-                     "qos": _null(f[3].strip()), "nodes": _null(f[4].strip()), "comment": _null(comment)})
+                     "qos": _null(f[3].strip()), "nodes": _null(f[4].strip()), "eligible": _parse_time(f[5].strip()),
+                     "comment": _null(comment)})
     return jobs

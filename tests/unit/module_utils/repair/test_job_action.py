@@ -5,6 +5,8 @@ reads them (squeue's job lines, hostile comments included)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import policy
@@ -220,15 +222,20 @@ SEP = "\x1f"
 
 
 def test_squeue_job_lines_hostile_comments_and_genuine_ones():
-    line = SEP.join(["12", "RUNNING", "1", "normal", "node[1-3]", "train " + SEP + "RUNNING" + SEP + "0"]) + SEP
-    jobs = parse_job_records(line + "\n" + SEP.join(["13_4", "PENDING", "0", "(null)", "", "(null)"]) + SEP + "\n")
+    line = SEP.join(["12", "RUNNING", "1", "normal", "node[1-3]", "2026-12-06T16:21:29",
+                     "train " + SEP + "RUNNING" + SEP + "0"]) + SEP
+    jobs = parse_job_records(line + "\n" + SEP.join(["13_4", "PENDING", "0", "(null)", "", "N/A", "(null)"])
+                             + SEP + "\n")
     assert jobs == [
         {"job_id": "12", "state": "RUNNING", "requeue": True, "qos": "normal", "nodes": "node[1-3]",
+         "eligible": int(time.mktime((2026, 12, 6, 16, 21, 29, 0, 0, -1))),
          "comment": "train " + SEP + "RUNNING" + SEP + "0"},
-        {"job_id": "13_4", "state": "PENDING", "requeue": False, "qos": "", "nodes": "", "comment": ""}]
+        {"job_id": "13_4", "state": "PENDING", "requeue": False, "qos": "", "nodes": "", "eligible": None,
+         "comment": ""}]
     # a comment with a newline splits a job over two lines: refused, never guessed
-    for text in ("12" + SEP + "RUNNING" + SEP + "1" + SEP + SEP + "n1" + SEP + "a\nb" + SEP,
-                 "12;x" + SEP + "RUNNING" + SEP + "1" + SEP + SEP + "n1" + SEP + SEP,
-                 "12" + SEP + "RUNNING" + SEP + "yes" + SEP + SEP + "n1" + SEP + SEP):
+    for text in ("12" + SEP + "RUNNING" + SEP + "1" + SEP + SEP + "n1" + SEP + "None" + SEP + "a\nb" + SEP,
+                 "12;x" + SEP + "RUNNING" + SEP + "1" + SEP + SEP + "n1" + SEP + "None" + SEP + SEP,
+                 "12" + SEP + "RUNNING" + SEP + "yes" + SEP + SEP + "n1" + SEP + "None" + SEP + SEP,
+                 "12" + SEP + "RUNNING" + SEP + "1" + SEP + "n1" + SEP + "None"):  # a field short
         with pytest.raises(SlurmError, match="cannot parse squeue job line"):
             parse_job_records(text)
