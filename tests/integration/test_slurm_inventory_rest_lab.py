@@ -46,7 +46,9 @@ def token(key, user=USER, ttl=600):
 
 
 def inventory(cfg, lab_dir=None):
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"))
+    # a source that fails to parse is an error, never a warning and an empty inventory (Ansible's default)
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"),
+               ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED="true")
     if lab_dir is not None and RELEASE == "24.11":  # this lab's chroot clients (slurm-lab.sh env)
         env["PATH"] = f"{lab_dir}/bin/wrap{os.pathsep}{env['PATH']}"
     return subprocess.run([str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(cfg), "--list"],
@@ -67,7 +69,8 @@ def test_rest_source_matches_cli_source(rest_lab):
     ra, rb = json.loads(a.stdout), json.loads(b.stdout)
     assert "node1" in ra["_meta"]["hostvars"] and "node2" in ra["_meta"]["hostvars"], a.stderr
     groups = {g: sorted(v.get("hosts", [])) for g, v in ra.items() if g.startswith("slurm_")}
-    assert groups == {g: sorted(v.get("hosts", [])) for g, v in rb.items() if g.startswith("slurm_")}
+    assert groups == {g: sorted(v.get("hosts", [])) for g, v in rb.items() if g.startswith("slurm_")}, \
+        a.stderr + b.stderr
     assert groups["slurm_partition_gpu"] == ["node1", "node2"]
 
 

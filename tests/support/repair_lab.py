@@ -262,11 +262,12 @@ def processes_with(arg: bytes) -> list:
     return out
 
 
-def wait_until(pred, timeout=60, interval=0.2, what="condition"):
+def wait_until(pred, timeout=60, interval=0.2, what="condition", show=None):
+    """Wait for pred(); past the timeout fail, saying what was waited for and what ``show()`` says of it then."""
     deadline = time.monotonic() + timeout
     while True:
         if pred():
             return
         if time.monotonic() >= deadline:
-            raise AssertionError(f"{what} not reached within {timeout}s")
+            raise AssertionError(f"{what} not reached within {timeout}s" + (f": {show()}" if show else ""))
         time.sleep(interval)

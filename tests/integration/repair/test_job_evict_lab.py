@@ -73,6 +73,16 @@ def starts(progress):
     return re.findall(r"(?m)^start (\d+) restart (\d+) nodes (\S+)", progress.read_text())
 
 
+def wait_restarted(rl, job, progress, timeout=90):
+    """Wait for the job's second start; on failure say where the job and the nodes are, and what the run did."""
+    def show():
+        job_line = rl.lab.run("squeue", "-h", "-t", "all", "-j", job, "-O",
+                              "State:|,Reason:|,EligibleTime:|,StartTime:|,NodeList:|").stdout.strip()
+        return (f"job {job_line}; nodes {rl.lab.node_states()}; run {rl.last.get('gpufleet_repair_result')}; "
+                f"progress {progress.read_text()[-300:]!r}")
+    wait_until(lambda: len(starts(progress)) == 2, timeout=timeout, what="the job restarted", show=show)
+
+
 def decisions(art):
     return {d["node"]: d for d in art["gpufleet_repair_plan"]["decisions"]}
 
@@ -115,7 +125,7 @@ def test_warned_node_checkpoints_the_job_onto_the_spare_and_it_resumes(repair_la
     assert ev[1:3] == ["c", job] and rl.history(victim)["i"]["sp"] == spare
 
     # Slurm starts it again at once, on the old nodes less the drained one, plus the spare
-    wait_until(lambda: len(starts(progress)) == 2, timeout=90, what="the job restarted")
+    wait_restarted(rl, job, progress)
     resumed = time.time()
     text = progress.read_text()
     signalled = int(re.search(r"signalled at (\d+)", text).group(1))
@@ -165,7 +175,7 @@ def test_a_job_that_ignores_the_signal_is_requeued_after_its_grace(repair_lab, t
     result = [r for r in art["gpufleet_repair_result"] if r["node"] == victim][0]
     assert result["jobs"] == {job: "requeued"}, result
     assert "ignored the signal" in progress.read_text()
-    wait_until(lambda: len(starts(progress)) == 2, timeout=90, what="the job restarted")
+    wait_restarted(rl, job, progress)
     state, now_nodes, restarts = job_info(rl, job)
     assert victim not in now_nodes and restarts == "1", (state, now_nodes)
     rl.lab.run("scancel", job)
@@ -222,7 +232,7 @@ def test_a_run_killed_after_the_signal_converges_on_the_next_run(repair_lab, tmp
     assert (d["action"], d["rule"], d["jobs"]["phase"]) == ("evict", "grace_expired", "requeue"), d
     result = [r for r in art["gpufleet_repair_result"] if r["node"] == victim][0]
     assert result["jobs"] == {job: "requeued"}, result
-    wait_until(lambda: len(starts(progress)) == 2, timeout=90, what="the job restarted")
+    wait_restarted(rl, job, progress)
     _state, now_nodes, restarts = job_info(rl, job)
     assert victim not in now_nodes and spare in now_nodes and restarts == "1", now_nodes
     rl.lab.run("scancel", job)
