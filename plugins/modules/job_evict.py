@@ -22,7 +22,7 @@ description:
     ended, its epilogs ran); the hot spare is already in service when this runs, so the module waits (up to two
     minutes) for each requeued job to be pending with its begin time in the future (C(squeue -O EligibleTime)) and
     sets its start time to now (C(scontrol update JobId=... StartTime=now)), again if Slurm sets the begin time
-    again. Never within two seconds of the requeue: a node refuses a launch credential made in the second the
+    again. Never within two seconds of the requeue, as a node refuses a launch credential made in the second the
     job's old one was revoked in, and the job would end C(FAILED). A job still held back after that is a
     warning; it starts when Slurm's delay ends.
   - In check mode nothing is signalled or requeued; the result says what would be.
