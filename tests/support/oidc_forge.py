@@ -13,7 +13,7 @@ import http.server
 import json
 import threading
 import time
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 from joserfc import jwe, jwt
 from joserfc.jwk import ECKey, KeySet, RSAKey
@@ -28,30 +28,39 @@ AUD = "urn:gpufleet:ssh"
 def serve_json(document: Any, path: str = "/jwks") -> Iterator[str]:
     """A real HTTP server on loopback that answers GET ``path`` with ``document`` as JSON (404 elsewhere), as an
     IdP's keys endpoint does; yields its URL and is stopped when the block ends."""
-    body = json.dumps(document).encode()
+    with serve_routes(lambda _base: {path: document}) as base:
+        yield base + path
+
+
+@contextlib.contextmanager
+def serve_routes(routes: Callable[[str], Dict[str, Any]]) -> Iterator[str]:
+    """A real HTTP server on loopback answering GET of each path of ``routes(base_url)`` with its JSON document
+    (404 elsewhere): an IdP whose discovery document names its own URL. Yields the base URL; stopped at the end."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    bodies = {p: json.dumps(doc).encode() for p, doc in routes(base).items()}
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
-            found = self.path == path
-            self.send_response(200 if found else 404)
+            body = bodies.get(self.path)
+            self.send_response(404 if body is None else 200)
             self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body) if found else 0))
+            self.send_header("Content-Length", str(len(body or b"")))
             self.end_headers()
-            if found:
+            if body is not None:
                 self.wfile.write(body)
 
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.RequestHandlerClass = Handler
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}{path}"
+        yield base
     finally:
         server.shutdown()
         server.server_close()
-        thread.join(10)
 
 
 def b64u(data: bytes) -> str:

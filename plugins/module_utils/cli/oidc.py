@@ -10,19 +10,27 @@
 * ``jwks (--config FILE | --issuer URL | --jwks-uri URL) [--slurm] [--out FILE]``: print (or
   atomically write) the IdP's public JWKS; ``--slurm`` normalises it for Slurm's auth/jwt (RSA
   keys only, ``alg`` set on each). Needs neither authlib nor joserfc (Slurm controllers).
+* ``preflight --config FILE [--mode device|token] [--token-file FILE [--user NAME]]``: before a login node is
+  switched to OIDC, from the node itself: the discovery document (with the device grant's endpoints in device
+  mode) and a JWKS with a key for the allowed algorithms; with a test token, validate it through a scratch key
+  cache (the node's own cache is not touched). Exit 0 only when all of it holds. Needs authlib and joserfc only
+  for the test token.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+import tempfile
 from typing import List, Optional
 
 from ..oidc.config import load_config
 from ..oidc.core import Authenticator
 from ..oidc.device import MAX_URI, MAX_USER_CODE, display_text
-from ..oidc.errors import DeviceFlowError, OIDCError
-from ..oidc.slurm import fetch_jwks, normalise_jwks_for_slurm, write_jwks
+from ..oidc.errors import DeviceFlowError, IdPUnavailable, OIDCError
+from ..oidc.jwks import usable_keys
+from ..oidc.slurm import fetch_discovery, fetch_jwks, normalise_jwks_for_slurm, write_jwks
 
 
 def _out(text: str) -> None:
@@ -52,7 +60,46 @@ def _parser() -> argparse.ArgumentParser:
     j.add_argument("--jwks-uri", help="instead of discovery")
     j.add_argument("--slurm", action="store_true", help="normalise for Slurm auth/jwt (RSA, alg on every key)")
     j.add_argument("--out", help="write atomically (mode 0400) when the content changed; prints changed/unchanged")
+    f = sub.add_parser("preflight", help="before a login node is switched: reach the IdP from here, check its keys")
+    f.add_argument("--config", required=True)
+    f.add_argument("--mode", choices=["device", "token"], default="device")
+    f.add_argument("--token-file", help="a test token to validate (through a scratch key cache)")
+    f.add_argument("--user", help="with --token-file: the local user the token must map to")
     return p
+
+
+def _preflight(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    meta = fetch_discovery(cfg.issuer, cfg.http_timeout)
+    if args.mode == "device":
+        missing = [k for k in ("device_authorization_endpoint", "token_endpoint") if not isinstance(meta.get(k), str)]
+        if missing:
+            raise IdPUnavailable(f"the discovery document has no {' or '.join(missing)}: no device login could start")
+    jwks_uri = cfg.jwks_uri or meta["jwks_uri"]
+    keys = usable_keys(fetch_jwks(jwks_uri=jwks_uri, timeout=cfg.http_timeout)["keys"], cfg.algorithms)
+    if not keys:
+        raise IdPUnavailable(f"the JWKS at {display_text(jwks_uri, MAX_URI)} has no key for the allowed algorithms "
+                             f"({', '.join(cfg.algorithms)}): no token could be verified")
+    kids = ", ".join(display_text(str(k.get("kid", "-")), 64) for k in keys[:8])
+    _out(f"ok: discovery and JWKS of {display_text(cfg.issuer, MAX_URI)} reached from this host; "
+         f"{len(keys)} key(s) for {', '.join(cfg.algorithms)} (kid {kids})")
+    if args.token_file:
+        try:
+            with open(args.token_file, encoding="utf-8", errors="replace") as fh:
+                token = fh.read(cfg.max_token_bytes + 2).strip()
+        except OSError as exc:
+            _err(f"gpufleet-oidc: --token-file: cannot read {args.token_file}: {exc.strerror}")
+            return 2
+        lines: List[str] = []
+        with tempfile.TemporaryDirectory(prefix="gpufleet-oidc-preflight-") as scratch:
+            auth = Authenticator(dataclasses.replace(cfg, jwks_cache_dir=scratch), log=lines.append)
+            try:
+                user, _claims = auth.check_token(token, args.user)
+            finally:
+                for line in lines:
+                    _err(f"gpufleet-oidc: {line}")
+        _out(f"ok: the test token is valid and maps to {user}")
+    return 0
 
 
 def _jwks(args: argparse.Namespace) -> int:
@@ -78,6 +125,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         if args.cmd == "jwks":
             return _jwks(args)
+        if args.cmd == "preflight":
+            return _preflight(args)
         cfg = load_config(args.config)
         log_lines: List[str] = []
 

@@ -48,6 +48,19 @@ ALG_KTY = {
 USED_ENDPOINTS = ("jwks_uri", "token_endpoint", "device_authorization_endpoint")
 
 
+def key_fits(key: Dict[str, Any], alg: str) -> bool:
+    """Whether a JWKS key can verify a signature made with ``alg`` (its type, curve and any ``alg`` it names)."""
+    kty, crv = ALG_KTY[alg]
+    if key.get("kty") != kty or (crv is not None and key.get("crv") != crv) or key.get("alg") not in (None, alg):
+        return False
+    return alg != "EdDSA" or key.get("crv") in ("Ed25519", "Ed448")
+
+
+def usable_keys(keys: List[Dict[str, Any]], algorithms: List[str]) -> List[Dict[str, Any]]:
+    """The keys that can verify a token signed with one of ``algorithms`` (a login's preflight needs one)."""
+    return [k for k in keys if any(key_fits(k, a) for a in algorithms if a in ALG_KTY)]
+
+
 def check_endpoints(meta: Dict[str, Any], issuer: str) -> Dict[str, Any]:
     """Refuse a discovery document whose endpoints (the ones used here) leave the issuer's scheme, host or port."""
     for k in USED_ENDPOINTS:
@@ -402,10 +415,7 @@ class JWKSCache:
     @staticmethod
     def _select(keys: List[Dict[str, Any]], kid: Optional[str], kty: str, crv: Optional[str],
                 alg: str) -> Optional[Dict[str, Any]]:
-        cands = [k for k in keys if k.get("kty") == kty and (crv is None or k.get("crv") == crv)
-                 and k.get("alg") in (None, alg)]
-        if alg == "EdDSA":
-            cands = [k for k in cands if k.get("crv") in ("Ed25519", "Ed448")]
+        cands = [k for k in keys if key_fits(k, alg)]
         if kid is not None:
             cands = [k for k in cands if k.get("kid") == kid]
         elif len(cands) != 1:

@@ -21,6 +21,21 @@ from .errors import IdPUnavailable
 from .jwks import atomic_write_json, check_endpoints, public_keys_only
 
 
+def fetch_discovery(issuer: str, timeout: float = 10.0) -> Dict[str, Any]:
+    """The issuer's discovery document, checked: https (plain http only to loopback), the issuer it names is the
+    one asked for, and the endpoints used here stay on the issuer's origin (:func:`jwks.check_endpoints`)."""
+    http.require_secure_url(issuer, "issuer")
+    meta = http.get_json(issuer.rstrip("/") + "/.well-known/openid-configuration", timeout=timeout)
+    if not isinstance(meta, dict) or meta.get("issuer") != issuer:
+        raise IdPUnavailable(f"discovery issuer {meta.get('issuer') if isinstance(meta, dict) else None!r} "
+                             f"!= {issuer!r}")
+    jwks_uri = meta.get("jwks_uri")
+    if not isinstance(jwks_uri, str):
+        raise IdPUnavailable("discovery document has no jwks_uri")
+    http.require_secure_url(jwks_uri, "jwks_uri")  # the plainer message first: plain http off loopback
+    return check_endpoints(meta, issuer)
+
+
 def fetch_jwks(issuer: Optional[str] = None, jwks_uri: Optional[str] = None, timeout: float = 10.0) -> Dict[str, Any]:
     """The IdP's public JWKS: from ``jwks_uri``, or found through the issuer's discovery document.
 
@@ -31,16 +46,7 @@ def fetch_jwks(issuer: Optional[str] = None, jwks_uri: Optional[str] = None, tim
     if not jwks_uri:
         if not issuer:
             raise IdPUnavailable("either issuer or jwks_uri is needed")
-        http.require_secure_url(issuer, "issuer")
-        meta = http.get_json(issuer.rstrip("/") + "/.well-known/openid-configuration", timeout=timeout)
-        if not isinstance(meta, dict) or meta.get("issuer") != issuer:
-            raise IdPUnavailable(f"discovery issuer {meta.get('issuer') if isinstance(meta, dict) else None!r} "
-                                 f"!= {issuer!r}")
-        jwks_uri = meta.get("jwks_uri")
-        if not isinstance(jwks_uri, str):
-            raise IdPUnavailable("discovery document has no jwks_uri")
-        http.require_secure_url(jwks_uri, "jwks_uri")  # the plainer message first: plain http off loopback
-        check_endpoints(meta, issuer)
+        jwks_uri = fetch_discovery(issuer, timeout)["jwks_uri"]
     http.require_secure_url(jwks_uri, "jwks_uri")
     return {"keys": public_keys_only(http.get_json(jwks_uri, timeout=timeout))}
 
