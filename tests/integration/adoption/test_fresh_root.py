@@ -103,6 +103,7 @@ def all_role_vars(root: Path, jwks: str) -> dict:
         "oidc_login_cli_path": f"{r}/usr/local/bin/gpufleet-oidc",
         "oidc_login_pam_dir": f"{r}/etc/pam.d", "oidc_login_sshd_config": f"{r}/etc/ssh/sshd_config",
         "oidc_login_sshd_dropin_dir": f"{r}/etc/ssh/sshd_config.d", "oidc_login_sshd_reload": False,
+        "oidc_login_preflight": False,  # no IdP on a fresh root: the files and their idempotence are tested
     }
 
 

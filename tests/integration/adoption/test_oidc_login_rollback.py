@@ -78,6 +78,7 @@ class Node:
             "oidc_login_sshd_config": str(self.sshd_config),
             "oidc_login_sshd_dropin_dir": str(self.root / "etc/ssh/sshd_config.d"),
             "oidc_login_sshd_reload": False,
+            "oidc_login_preflight": False,  # no IdP here: the switch and its rollback are what is tested
         }
         v.update(over)
         return v

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -68,8 +69,14 @@ def role_root(tmp_path, module_idp, run_sshd_dir):
 
 def test_role_applies_idempotently_and_sshd_logs_in(role_root, module_idp, tmp_path, local_users):
     root, extra, service, include, port = role_root
+    # the preflight, from this node, with a real token from the IdP that must map to alice
+    extra = dict(extra, oidc_login_preflight_token=real_token(module_idp.issuer, ALICE, tmp_path),
+                 oidc_login_preflight_user=ALICE)
     r = apply(root, extra)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert f"ok: discovery and JWKS of {module_idp.issuer} reached from this host" in r.stdout, r.stdout[-3000:]
+    assert f"ok: the test token is valid and maps to {ALICE}" in r.stdout
+    assert extra["oidc_login_preflight_token"] not in r.stdout + r.stderr  # never logged
     stack = (root / "etc/pam.d" / service).read_text()
     assert stack.index(f"@include {include}") < stack.index("@include common-auth")
     inc = (root / "etc/pam.d" / include).read_text()
@@ -77,6 +84,7 @@ def test_role_applies_idempotently_and_sshd_logs_in(role_root, module_idp, tmp_p
     assert oct(os.stat(root / "etc/gpufleet/oidc.yml").st_mode & 0o777) == "0o600"
     dropin = (root / "etc/ssh/sshd_config.d/50-gpufleet-oidc.conf").read_text()
     assert "KbdInteractiveAuthentication yes" in dropin and "Match User svc-backup" in dropin
+    assert "Match User root" in dropin  # the break-glass account by default
     assert (root / "etc/ssh/sshd_config").read_text().startswith(f"Include {root}/etc/ssh/sshd_config.d/*.conf")
     # sshd -t accepts the result; the bypass user gets publickey only, everyone else keyboard-interactive
     t = _run("/usr/sbin/sshd", "-T", "-f", str(root / "etc/ssh/sshd_config"), "-C",
@@ -122,16 +130,13 @@ def test_check_mode_on_a_fresh_login_node_with_the_default_venv_predicts_without
     venv = root / "opt/gpufleet-oidc/venv"
     extra["oidc_login_venv"] = str(venv)
 
-    def files():  # what the role could write (apply() writes its play and variables next to them)
-        return {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name not in ("play.yml", "vars.json")}
-
-    before = files()
+    before = files(root)
     r = apply(root, extra, "--check", "--diff")
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert f"Check mode: {venv} does not exist yet" in r.stdout, r.stdout[-4000:]
     assert f"site={venv}/lib/python3." in r.stdout, r.stdout[-4000:]  # the PAM line's predicted site-packages
     assert not venv.exists()
-    assert files() == before
+    assert files(root) == before
 
 
 def test_role_refuses_bad_config_naming_key(role_root):
@@ -149,3 +154,74 @@ def test_role_restores_sshd_config_when_sshd_t_fails(role_root):
     assert r.returncode != 0 and "sshd -t failed" in r.stdout
     assert not (root / "etc/ssh/sshd_config.d/50-gpufleet-oidc.conf").exists()
     assert _run("/usr/sbin/sshd", "-t", "-f", str(root / "etc/ssh/sshd_config")).returncode == 0
+
+
+def files(root):
+    """What the role could write (apply() writes its play and variables next to them)."""
+    return {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name not in ("play.yml", "vars.json")}
+
+
+@pytest.mark.parametrize("issuer, why", [
+    ("https://sso.example.invalid/realms/hpc", "cannot reach https://sso.example.invalid/realms/hpc/.well-known"),
+    ("http://127.0.0.1:9", "cannot reach http://127.0.0.1:9/.well-known"),
+], ids=["unresolvable", "refused"])
+def test_an_idp_the_node_cannot_use_stops_the_role_before_anything_is_switched(role_root, issuer, why):
+    """The lockout case: an issuer the node cannot reach. Before, the run succeeded and everyone but the bypass
+    users was asked for a device login that could never work."""
+    root, extra, *_rest = role_root
+    extra = dict(extra, oidc_login_config=dict(extra["oidc_login_config"], issuer=issuer))
+    before = files(root)
+    r = apply(root, extra)
+    assert r.returncode != 0 and "The IdP cannot be used from this node" in r.stdout, r.stdout[-3000:]
+    assert why in r.stdout and "Nothing was changed on the node" in r.stdout, r.stdout[-3000:]
+    assert files(root) == before
+
+
+def test_a_test_token_that_does_not_map_stops_the_role(role_root, module_idp, tmp_path, local_users):
+    root, extra, *_rest = role_root
+    extra = dict(extra, oidc_login_preflight_token=real_token(module_idp.issuer, ALICE, tmp_path),
+                 oidc_login_preflight_user="svc-backup")
+    before = files(root)
+    r = apply(root, extra)
+    assert r.returncode != 0 and "!= login user" in r.stdout, r.stdout[-3000:]
+    assert files(root) == before
+
+
+def test_break_glass_root_logs_in_with_a_key_and_a_node_without_one_is_refused(role_root, tmp_path):
+    root, extra, *_rest = role_root
+    # nobody would keep a key-only way in: refused, nothing changed
+    before = files(root)
+    r = apply(root, dict(extra, oidc_login_break_glass_users=[], oidc_login_bypass_users=[]))
+    assert r.returncode != 0 and "No break-glass account" in r.stdout, r.stdout[-3000:]
+    assert files(root) == before
+    # ... unless a key alone is one of everyone's ways in
+    r = apply(root, dict(extra, oidc_login_break_glass_users=[], oidc_login_bypass_users=[],
+                         oidc_login_authentication_methods="publickey keyboard-interactive"), "--check")
+    assert r.returncode == 0, r.stdout[-3000:]
+
+    # root with a key, through a real sshd on the switched configuration (PAM service sshd)
+    key = tmp_path / "rootkey"
+    assert _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)).returncode == 0
+    keys = root / "keys"
+    keys.mkdir()
+    (keys / "root").write_text(Path(f"{key}.pub").read_text())
+    cfg = root / "etc/ssh/sshd_config"
+    cfg.write_text(cfg.read_text().replace("PermitRootLogin no", "PermitRootLogin prohibit-password")
+                   .replace("AllowUsers ", "AllowUsers root ") + f"AuthorizedKeysFile {keys}/%u\n")
+    port = int(re.search(r"(?m)^Port (\d+)$", cfg.read_text()).group(1))
+    r = apply(root, extra)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    t = _run("/usr/sbin/sshd", "-T", "-f", str(cfg), "-C", "user=root,host=h,addr=127.0.0.1")
+    assert "authenticationmethods publickey" in t.stdout, t.stdout + t.stderr
+    with open(root / "sshd.log", "wb") as log:
+        proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(cfg)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_port(port, proc)
+        out = _run("ssh", "-p", str(port), "-i", str(key), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+                   "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-F", "/dev/null",
+                   "root@127.0.0.1", "id -un")
+        assert out.returncode == 0 and out.stdout.strip() == "root", out.stdout + out.stderr + \
+            (root / "sshd.log").read_text()
+    finally:
+        proc.terminate()
+        proc.wait(10)
