@@ -149,12 +149,14 @@ unit-221: setup $(VENV221)/.stamp
 test: setup $(VENV221)/.stamp
 	$(PY) scripts/test_lanes.py
 
-# The AWX / AAP execution environment's build context (docs/awx/README.md): the collection tarball under the
-# version-free name execution-environment.yml expects, then ansible-builder create into dist/ee-context.
+# The AWX / AAP execution environment's build context (docs/awx/README.md): the collection tarball, also under the
+# version-free name execution-environment.yml expects (a copy: the versioned tarball a requirements.yml may name
+# stays), then ansible-builder create into dist/ee-context.
 ee-context: setup
-	rm -rf dist/ee-context dist/gpufleet-reliability*.tar.gz
+	rm -rf dist/ee-context dist/gpufleet-reliability.tar.gz
 	$(BIN)/ansible-galaxy collection build --force --output-path dist .
-	mv dist/gpufleet-reliability-*.tar.gz dist/gpufleet-reliability.tar.gz
+	cp dist/gpufleet-reliability-$$($(PY) -c 'import yaml; print(yaml.safe_load(open("galaxy.yml"))["version"])').tar.gz \
+	  dist/gpufleet-reliability.tar.gz
 	$(BIN)/ansible-builder create -f execution-environment.yml -c dist/ee-context
 
 bench: setup
