@@ -263,11 +263,15 @@ def cmd_validate(args) -> int:
         pbar.close()
     w = max(len(c["case"]) for c in res["cases"])
     if args.json != "-":
-        print(f"{'case'.ljust(w)}  {'expected':>10}  {'measured':>10}  {'tolerance':>22}  result")
+        print(f"{'case'.ljust(w)}  {'expected':>10}  {'measured':>10}  {'tolerance':>22}  result  role")
         for c in res["cases"]:
             print(f"{c['case'].ljust(w)}  {c['expected']:>10.4g}  {c['measured']:>10.4g}  {c['tolerance']:>22}  "
-                  f"{'PASS' if c['pass'] else 'FAIL'}")
+                  f"{'PASS' if c['pass'] else 'FAIL':<6}  {c['role']}")
         print(f"{'all passed' if res['passed'] else 'FAILED'} in {res['wall_s']:.1f} s")
+        counts = {r: sum(c["role"] == r for c in res["cases"]) for r in ("predicts", "calibrates", "restates")}
+        print(f"{counts['predicts']} case(s) predict (no input set from the figure), {counts['calibrates']} "
+              f"calibrate (inputs fitted to it), {counts['restates']} restate (arithmetic on inputs); why, case by "
+              "case: --json")
     if args.json:
         data = json.dumps(res, indent=2, default=float)
         if args.json == "-":

@@ -13,7 +13,26 @@ from gpufleet_sim.policies import resolve
 from gpufleet_sim.runner import run_one, run_scenario
 
 
+# What each published case can show (validate.ROLES): a case whose inputs were fitted to its figure, or whose figure
+# is arithmetic on inputs from the same source, must never be reported as a prediction.
+ROLES = {
+    "Daly": "predicts",
+    "Llama 3 unexpected interruptions": "restates", "Llama 3 GPU share": "restates",
+    "Llama 3 hardware share": "restates", "Llama 3 effective training time": "calibrates",
+    "RSC-1 job MTTF": "restates",
+    "AIReSim default: failures": "restates", "AIReSim default: bad-server failures": "predicts",
+    "AIReSim default: ETR": "restates",
+}
+
+
+def _check_roles(cases):
+    for c in cases:
+        want = [r for prefix, r in ROLES.items() if c["case"].startswith(prefix)]
+        assert want and c["role"] == want[0] and c["why"], (c["case"], c["role"], c["why"])
+
+
 def _check(cases):
+    _check_roles(cases)
     bad = [c for c in cases if not c["pass"]]
     assert not bad, json.dumps(bad, indent=1, default=float)
 
@@ -47,6 +66,7 @@ def _check_smoke(cases, tolerances):
     ("rel": share of the expected value, "abs": in the case's unit, "min": measured >= expected - tol). The list
     must name every case of the group, in order, so that none is added or renamed without a smoke tolerance."""
     assert [c["case"] for c in cases] == list(tolerances)
+    _check_roles(cases)
     bad = []
     for c in cases:
         kind, tol = tolerances[c["case"]]
