@@ -158,8 +158,9 @@ def llama_cases(seeds: int = 30) -> list[dict]:
         _case("Llama 3 effective training time (passive checks, auto-repair, hot spares)", 0.90,
               mean_ci(ettr)["ci95"][0], 0, "min",
               note=f"lower end of the 95 % CI over {seeds} seeds; mean {sum(ettr) / seeds:.4f}",
-              role="calibrates", why="detection of silent corruption, the hot-spare swap time and the spare type "
-                                      "were set after the model gave 80.3 %"),
+              role="calibrates",
+              why="detection of silent corruption, the hot-spare swap time and the spare type were set after the "
+                  "model gave 80.3 %"),
     ]
 
 
