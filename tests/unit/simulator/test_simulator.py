@@ -12,7 +12,6 @@ from gpufleet_sim.dists import SpecError
 from gpufleet_sim.policies import resolve
 from gpufleet_sim.runner import run_one, run_scenario
 
-
 # What each published case can show (validate.ROLES): a case whose inputs were fitted to its figure, or whose figure
 # is arithmetic on inputs from the same source, must never be reported as a prediction.
 ROLES = {
