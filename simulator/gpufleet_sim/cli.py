@@ -52,6 +52,16 @@ def cmd_run(args) -> int:
     res = run_scenario(sc, pols, seeds=seeds, progress=cb)
     if progress_bar is not None:
         progress_bar.close()
+    if not args.no_effects:
+        from .runner import knob_effects
+
+        # around the best policy: what each of its knobs is worth on its own
+        best = max(res["policies"], key=lambda n: res["policies"][n]["ettr"]["mean"])
+        anchor = next(p for p in pols if p["name"] == best)
+        cb, progress_bar = _progress_factory(1)
+        res["knob_effects"] = knob_effects(sc, anchor, res["per_seed"][best], progress=cb)
+        if progress_bar is not None:
+            progress_bar.close()
     if args.out:
         files = write_all(res, Path(args.out))
         print(files["table"])
@@ -290,6 +300,8 @@ def main(argv=None) -> int:
     r.add_argument("--policy", action="extend", nargs="+",
                    help="built-in policy names or policy YAML files (several, and/or repeat the option)")
     r.add_argument("--seeds", type=int)
+    r.add_argument("--no-effects", action="store_true",
+                   help="skip each knob's own effect around the best policy (one run per other knob level)")
     r.add_argument("--out", help="directory for the table, CSV, JSON, PNG plots and HTML report")
     r.add_argument("--json", help="write the JSON result to PATH, or - for stdout")
     r.set_defaults(fn=cmd_run)

@@ -78,7 +78,50 @@ def table(res: dict) -> str:
     out.append("cost $: lost GPU-hours x the GPU-hour price, plus the spare nodes' GPU-hours x spare_cost_per_gpu_hour")
     out.append("")
     out += [f"{name}: {text}" for name, text in explain(res)]
+    if res.get("knob_effects"):
+        out += [""] + effects_text(res["knob_effects"])
     return "\n".join(out)
+
+
+def _neg(ci: dict) -> dict:
+    return {"mean": -ci["mean"], "ci95": [-ci["ci95"][1], -ci["ci95"][0]]}
+
+
+def _verdict(ci: dict, seeds: int) -> str:
+    if seeds < 2:
+        return "one seed: run more seeds to know"
+    if ci["ci95"][0] > 0:
+        return "a gain"
+    if ci["ci95"][1] < 0:
+        return "a loss"
+    return f"not distinguishable from zero over these {seeds} seeds"
+
+
+def effects_text(eff: dict) -> list:
+    """The knob-effects section: each knob's own paired effect around the anchor policy, and what passive health
+    checks themselves are worth (their sign may be negative: false-positive drains cost restarts)."""
+    n = eff["seeds"]
+    _ONE_SEED[0] = n < 2
+    out = [f"Each knob's own effect, around {eff['anchor']} (that knob changed, every other knob held, the same "
+           f"{n} seed(s)); the best-against-worst saving above is all knobs together:"]
+    rows = [["knob", "this policy", "instead", "ETTR (this - instead)", "lost GPU-h (this - instead)"]]
+    for e in eff["effects"]:
+        rows.append([e["knob"], e["anchor_level"], e["other_level"], _pts(e["ettr"]),
+                     _pts(e["lost_gpu_hours"], 1.0, "", 0)])
+    w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out += [("  " + "  ".join(c.ljust(w[i]) for i, c in enumerate(r))).rstrip() for r in rows]
+    det = [e for e in eff["effects"] if e["knob"] == "detection"]
+    if det:
+        e = det[0]
+        # passive minus reactive, whichever the anchor has
+        d_ettr, d_lost = ((e["ettr"], e["lost_gpu_hours"]) if e["anchor_level"] == "passive"
+                          else (_neg(e["ettr"]), _neg(e["lost_gpu_hours"])))
+        held = ", ".join(f"{x['knob']} {x['anchor_level']}" for x in eff["effects"] if x["knob"] != "detection")
+        held = ", ".join(dict.fromkeys(held.split(", ")))
+        out.append(f"Passive health checks themselves (against reactive detection, with {held} as in "
+                   f"{eff['anchor']}): ETTR {_pts(d_ettr)}, lost GPU-hours {_pts(d_lost, 1.0, '', 0)}: "
+                   f"{_verdict(d_ettr, n)}.")
+    return out
 
 
 LEGEND_SPARES = ("swap-ins: times a spare node took a failed node's place in a job (one node can be swapped in many "
@@ -144,7 +187,11 @@ def public_json(res: dict) -> dict:
         pols[name]["knobs"] = p["knobs"]
     return {"scenario": res["scenario"], "gpus": res["gpus"], "seeds": res["seeds"],
             "price_per_gpu_hour": res["price_per_gpu_hour"], "wall_s": res["wall_s"], "policies": pols,
-            "paired": res.get("paired", {})}
+            "paired": res.get("paired", {}), **_effects_of(res)}
+
+
+def _effects_of(res: dict) -> dict:
+    return {"knob_effects": res["knob_effects"]} if "knob_effects" in res else {}
 
 
 def write_json(res: dict, target: str) -> None:

@@ -7,7 +7,7 @@ from typing import Callable
 
 from .dists import mean_ci
 from .engine import Sim
-from .policies import resolve
+from .policies import KNOBS, resolve
 
 CAUSES = ("lost_work", "detection", "restart", "waiting", "checkpoint", "straggler")
 
@@ -15,10 +15,7 @@ CAUSES = ("lost_work", "detection", "restart", "waiting", "checkpoint", "straggl
 def run_one(sc: dict, policy: dict, seed: int, brain=None, horizon_h: float | None = None) -> dict:
     """One seed of one policy: the per-seed metrics dict."""
     if brain is None:
-        from .brain import default_brain
-
-        brain = default_brain(sc, "approval" if policy["repair"] == "approval" else "automatic",
-                              jobs_action=policy.get("jobs"))
+        brain = _brain(sc, policy, {})
     sim = Sim(sc, policy, seed, brain, horizon_h=horizon_h)
     res = sim.run()
     jobs = res["jobs"]
@@ -104,6 +101,17 @@ def aggregate(per_seed: list[dict], classes: list[str]) -> dict:
     return out
 
 
+def _brain(sc: dict, policy: dict, cache: dict):
+    """The shipped brain a policy runs with (its repair mode and job action), one per kind in ``cache``."""
+    from .brain import default_brain
+
+    mode = "approval" if policy["repair"] == "approval" else "automatic"
+    key = (mode, policy.get("jobs"))
+    if key not in cache:
+        cache[key] = default_brain(sc, mode, jobs_action=policy.get("jobs"))
+    return cache[key]
+
+
 def run_scenario(sc: dict, policies: list | None = None, seeds: int | None = None, brain=None,
                  progress: Callable[[int, int], None] | None = None, seed0: int = 1) -> dict:
     """All policies x seeds. Returns the JSON-ready result (schema in docs/simulator.md)."""
@@ -111,9 +119,7 @@ def run_scenario(sc: dict, policies: list | None = None, seeds: int | None = Non
     pols = [resolve(p, f"policies[{i}]") if not isinstance(p, dict) or "detection" not in p else p
             for i, p in enumerate(policies or sc["policies"])]
     n = seeds or sc["seeds"]
-    from .brain import default_brain
-
-    brains = {}
+    brains: dict = {}
     classes = [f["name"] for f in sc["faults"]]
     fp = sc.get("false_positive")
     if fp and fp["per_node_h"] > 0 and any(p["detection"] == "passive" for p in pols):
@@ -124,9 +130,7 @@ def run_scenario(sc: dict, policies: list | None = None, seeds: int | None = Non
     done = 0
     for p in pols:
         rows = []
-        mode = "approval" if p["repair"] == "approval" else "automatic"
-        key = (mode, p.get("jobs"))
-        b = brain or brains.get(key) or brains.setdefault(key, default_brain(sc, mode, jobs_action=p.get("jobs")))
+        b = brain or _brain(sc, p, brains)
         for s in range(seed0, seed0 + n):
             rows.append(run_one(sc, p, s, b))
             done += 1
@@ -168,4 +172,30 @@ def paired(per_seed: dict, baseline: str | None = None, keys: tuple = PAIRED) ->
             continue
         rows = [(r, b[r["seed"]]) for r in per_seed[name] if r["seed"] in b]
         out["policies"][name] = {k: mean_ci([float(val(r, k) - val(q, k)) for r, q in rows]) for k in keys}
+    return out
+
+
+#: The knobs whose own effect knob_effects() measures (identify stays as the anchor has it: it is how a person finds
+#: a node without automation, not a product choice).
+EFFECT_KNOBS = ("detection", "spares", "repair", "jobs")
+
+
+def knob_effects(sc: dict, anchor: dict, anchor_rows: list, progress: Callable[[int, int], None] | None = None) -> dict:
+    """Each knob's own effect around ``anchor`` (a resolved policy and its per-seed rows): the anchor against the same
+    policy with that one knob at each other level, on the same seeds (common random numbers), every other knob held.
+    So no knob is credited with another's gain. A positive ETTR difference: the anchor's level is the better one."""
+    seeds = [r["seed"] for r in anchor_rows]
+    variants = [(k, level) for k in EFFECT_KNOBS for level in KNOBS[k] if level != anchor[k]]
+    brains: dict = {}
+    out = {"anchor": anchor["name"], "seeds": len(seeds), "effects": []}
+    for i, (k, level) in enumerate(variants):
+        var = dict(anchor, name=f"{anchor['name']} with {k} {level}")
+        var[k] = level
+        b = _brain(sc, var, brains)
+        rows = [run_one(sc, var, s, b) for s in seeds]
+        d = paired({var["name"]: rows, anchor["name"]: anchor_rows}, keys=("ettr", "lost_gpu_hours", "cost_usd"))
+        eff = d["policies"][anchor["name"]]  # anchor minus variant, seed by seed
+        out["effects"].append({"knob": k, "anchor_level": anchor[k], "other_level": level, **eff})
+        if progress:
+            progress(i + 1, len(variants))
     return out
