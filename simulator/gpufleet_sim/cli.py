@@ -1,4 +1,4 @@
-"""gpufleet-sim: run | sweep | spares | validate."""
+"""gpufleet-sim: run | sweep | spares | sensitivity | validate."""
 
 from __future__ import annotations
 
@@ -141,6 +141,28 @@ def _run_points(args, jobs: list, command: str):
     if pbar is not None:
         pbar.close()
     return results
+
+
+def cmd_sensitivity(args) -> int:
+    from .report import _atomic_write
+    from .sensitivity import run_sensitivity, text
+
+    sc = scn.load(args.scenario)
+    pols = _policies(args, sc)
+    seeds = args.seeds or sc["seeds"]
+    cb, progress_bar = _progress_factory(2 * len(sc["estimates"]) + 5)
+    res = run_sensitivity(sc, pols, seeds, progress=cb)
+    if progress_bar is not None:
+        progress_bar.close()
+    if args.json != "-":
+        print(text(res))
+    if args.json:
+        data = json.dumps(res, indent=2, default=float)
+        if args.json == "-":
+            print(data)
+        else:
+            _atomic_write(Path(args.json), data.encode())
+    return 0
 
 
 def cmd_spares(args) -> int:
@@ -332,6 +354,12 @@ def main(argv=None) -> int:
     sp.add_argument("--out")
     sp.add_argument("--json")
     sp.set_defaults(fn=cmd_spares)
+    se = sub.add_parser("sensitivity", help="does the recommended policy hold over each estimate's plausible range?")
+    se.add_argument("scenario")
+    se.add_argument("--policy", action="extend", nargs="+", help="policies to compare (default: the scenario's)")
+    se.add_argument("--seeds", type=int)
+    se.add_argument("--json", help="write the JSON result to PATH, or - for stdout")
+    se.set_defaults(fn=cmd_sensitivity)
     v = sub.add_parser("validate", help="run the published validation cases; exit 0 only if all pass")
     v.add_argument("--json")
     v.add_argument("--quick", action="store_true", help="fewer seeds (the tolerances still hold)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +119,7 @@ def validate(raw: Any, source: str = "scenario") -> dict:
         raise SpecError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
     top = {"name", "description", "horizon_days", "seeds", "price_per_gpu_hour", "spare_cost_per_gpu_hour", "cluster",
            "jobs", "faults", "false_positives", "lemons", "repair", "policies", "health_config", "repair_config",
-           "sweep"}
+           "sweep", "estimates"}
     _unknown(raw, top, source)
     sc: dict = {"name": _get(raw, "name", source, str, "scenario"),
                 "description": _get(raw, "description", source, str, "")}
@@ -313,8 +314,50 @@ def validate(raw: Any, source: str = "scenario") -> dict:
     for i, p in enumerate(sc["policies"]):  # wrong names fail now, also when --policy picks others
         resolve(p, f"{source}.policies[{i}]")
     sc["sweep"] = _get(raw, "sweep", source, dict, {})
+    sc["estimates"] = _estimates(raw, source)
     sc["raw"] = raw
     return sc
+
+
+def _estimates(raw: dict, source: str) -> list:
+    """The inputs that are estimates, each with its plausible range and what it rests on (``gpufleet-sim
+    sensitivity`` varies each over its range). A fault is named by its name (``faults[straggler].visible``); the
+    path is resolved to its index here, and each end of the range is validated when sensitivity runs."""
+    items = raw.get("estimates")
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise SpecError(f"{source}.estimates: expected a list of {{path, low, high, source}} mappings")
+    out = []
+    for i, e in enumerate(items):
+        where = f"{source}.estimates[{i}]"
+        if not isinstance(e, dict):
+            raise SpecError(f"{where}: expected a mapping with path, low, high and source")
+        _unknown(e, {"path", "low", "high", "source"}, where)
+        path = _get(e, "path", where, str)
+        for end in ("low", "high"):
+            if e.get(end) is None:
+                raise SpecError(f"{where}.{end}: required field is missing (the {end} end of the plausible range)")
+        why = _get(e, "source", where, str, None, lambda v: None if v.strip() else "a non-empty string")
+        if why is None:
+            raise SpecError(f"{where}.source: required field is missing (what the range rests on)")
+        out.append({"path": resolve_names(raw, path, f"{where}.path"), "name": path, "low": e["low"],
+                    "high": e["high"], "source": why})
+    return out
+
+
+def resolve_names(raw: dict, path: str, where: str) -> str:
+    """``faults[straggler].visible`` -> ``faults[20].visible``: a list of named mappings indexed by name."""
+    def index(m: re.Match) -> str:
+        items = raw.get(m.group(1))
+        names = [x.get("name") for x in items] if isinstance(items, list) and all(isinstance(x, dict) for x in items) \
+            else []
+        if m.group(2) not in names:
+            raise SpecError(f"{where}: no {m.group(1)} entry named {m.group(2)!r} (expected one of {names})")
+        return f"{m.group(1)}[{names.index(m.group(2))}]"
+    resolved = re.sub(r"\b(faults|jobs)\[([A-Za-z_][\w+-]*)\]", index, path)
+    _split(resolved)  # a clear error for any other malformed path
+    return resolved
 
 
 # A passive check that drains a healthy node: the default rate is an estimate (0.5 per 1,000 node-days); the

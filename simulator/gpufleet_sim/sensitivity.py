@@ -1,0 +1,133 @@
+"""``gpufleet-sim sensitivity``: does the recommendation survive the scenario's own guesses?
+
+The scenario's ``estimates:`` section names the inputs that are estimates, each with a plausible range and what the
+range rests on. The recommended policy is the best one (by ETTR) as shipped. Each estimate is set to the low and
+then the high end of its range, one at a time, every policy is run on the same seeds, and the recommended policy's
+lead over its closest rival is measured seed by seed (common random numbers). The two estimates that move the lead
+most are then varied together (the four corners). A point where another policy does better is a flip: the
+recommendation does not hold there, and the input and value are named.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from . import scenario as scn
+from .dists import SpecError
+from .runner import paired, run_scenario
+
+
+def _lead(res: dict, rec: str) -> dict:
+    """The recommended policy against its closest rival at one point: ETTR difference (rec minus rival, paired by
+    seed) with its CI, the rival, and the best policy there."""
+    pol = res["policies"]
+    best = max(pol, key=lambda n: pol[n]["ettr"]["mean"])
+    rivals = [n for n in pol if n != rec]
+    if not rivals:
+        return {"best": best, "rival": None, "ettr": None}
+    diffs = paired({rec: res["per_seed"][rec], **{n: res["per_seed"][n] for n in rivals}}, keys=("ettr",))
+    # paired() gives each rival minus rec: the closest rival is the one with the largest difference
+    rival = max(rivals, key=lambda n: diffs["policies"][n]["ettr"]["mean"])
+    d = diffs["policies"][rival]["ettr"]
+    return {"best": best, "rival": rival, "ettr": {"mean": -d["mean"], "ci95": [-d["ci95"][1], -d["ci95"][0]]}}
+
+
+def run_sensitivity(sc: dict, policies: list, seeds: int,
+                    progress: Callable[[int, int], None] | None = None) -> dict:
+    ests = sc["estimates"]
+    if not ests:
+        raise SpecError(f"{sc['name']}: the scenario has no estimates: section (inputs with a plausible range)")
+    points: list = [("as shipped", {})]
+    points += [(f"{e['name']} = {end}", {e["path"]: e[end]}) for e in ests for end in ("low", "high")]
+    checked = {}
+    for label, assign in points:  # every point is validated before anything runs
+        checked[label] = scn.validate(scn.override(sc["raw"], assign), source=f"sensitivity: {label}")
+    total = len(points) + 4
+    done = [0]
+
+    def run(s2: dict) -> dict:
+        res = run_scenario(s2, policies, seeds=seeds)
+        done[0] += 1
+        if progress:
+            progress(done[0], total)
+        return res
+
+    base = run(checked["as shipped"])
+    rec = max(base["policies"], key=lambda n: base["policies"][n]["ettr"]["mean"])
+    out: dict = {"scenario": sc["name"], "seeds": seeds, "recommended": rec, "as_shipped": _lead(base, rec),
+                 "inputs": [], "together": [], "flips": []}
+    for e in ests:
+        row = {"path": e["name"], "source": e["source"], "low": e["low"], "high": e["high"]}
+        for end in ("low", "high"):
+            row[f"at_{end}"] = _lead(run(checked[f"{e['name']} = {end}"]), rec)
+        ends = [row["at_low"]["ettr"], row["at_high"]["ettr"]]
+        row["swing"] = abs(ends[1]["mean"] - ends[0]["mean"]) if all(ends) else 0.0
+        out["inputs"].append(row)
+    out["inputs"].sort(key=lambda r: -r["swing"])
+    top = out["inputs"][:2]
+    if len(top) == 2:
+        by = {e["name"]: e for e in ests}
+        for a_end in ("low", "high"):
+            for b_end in ("low", "high"):
+                a, b = by[top[0]["path"]], by[top[1]["path"]]
+                s2 = scn.validate(scn.override(sc["raw"], {a["path"]: a[a_end], b["path"]: b[b_end]}),
+                                  source=f"sensitivity: {a['name']} = {a_end}, {b['name']} = {b_end}")
+                out["together"].append({"values": {a["name"]: a_end, b["name"]: b_end}, **_lead(run(s2), rec)})
+    for row in out["inputs"]:
+        for end in ("low", "high"):
+            at = row[f"at_{end}"]
+            if at["best"] != rec:
+                out["flips"].append({"input": row["path"], "end": end, "value": row[end], "best": at["best"],
+                                     "certain": bool(at["ettr"] and at["ettr"]["ci95"][1] < 0)})
+    for t in out["together"]:
+        if t["best"] != rec:
+            out["flips"].append({"input": " and ".join(f"{k} = {v}" for k, v in t["values"].items()), "end": "both",
+                                 "value": None, "best": t["best"],
+                                 "certain": bool(t["ettr"] and t["ettr"]["ci95"][1] < 0)})
+    return out
+
+
+def _pts(ci: dict | None) -> str:
+    if not ci:
+        return "-"
+    return f"{ci['mean'] * 100:+.2f} pts ({ci['ci95'][0] * 100:+.2f} to {ci['ci95'][1] * 100:+.2f})"
+
+
+def _short(v) -> str:
+    """A value as a person writes it: a distribution by its parameters (uniform 5-60, lognormal median 15 p90 30)."""
+    if isinstance(v, dict) and "dist" in v:
+        if {"low", "high"} <= set(v):
+            return f"{v['dist']} {v['low']:g}-{v['high']:g}"
+        return " ".join([str(v["dist"])] + [f"{k} {x:g}" if isinstance(x, (int, float)) else f"{k} {x}"
+                                            for k, x in v.items() if k != "dist"])
+    text = f"{v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def text(res: dict) -> str:
+    rec, n = res["recommended"], res["seeds"]
+    a = res["as_shipped"]
+    out = [f"{res['scenario']}: recommended as shipped: {rec} (ahead of {a['rival']} by {_pts(a['ettr'])} ETTR, "
+           f"paired over {n} seeds)",
+           "Its lead over the closest rival with each estimate at the ends of its plausible range (largest swing "
+           "first):"]
+    rows = [["input", "end", "value", "lead of the recommended policy", "best there"]]
+    for r in res["inputs"]:
+        for end in ("low", "high"):
+            at = r[f"at_{end}"]
+            rows.append([r["path"], end, _short(r[end]), _pts(at["ettr"]), at["best"]])
+    for t in res["together"]:
+        rows.append([" + ".join(t["values"]), "/".join(t["values"].values()), "", _pts(t["ettr"]), t["best"]])
+    w = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    out += [("  " + "  ".join(str(c).ljust(w[i]) for i, c in enumerate(r))).rstrip() for r in rows]
+    out.append("What each range rests on:")
+    out += [f"  {r['path']}: {r['source']}" for r in res["inputs"]]
+    for f in res["flips"]:
+        where = f"{f['input']} = {_short(f['value'])}" if f["end"] != "both" else f["input"]
+        out.append(f"WARNING: the recommendation flips: {f['best']} does better than {rec} at {where}, inside the "
+                   "plausible range" + ("" if f["certain"] else " (within noise over these seeds)")
+                   + ": the answer depends on that estimate; find the site's own value.")
+    if not res["flips"]:
+        out.append(f"{rec} stays the best policy over every estimate's plausible range (one at a time, and the two "
+                   "that move it most together).")
+    return "\n".join(out)
