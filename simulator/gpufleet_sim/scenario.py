@@ -322,7 +322,8 @@ def validate(raw: Any, source: str = "scenario") -> dict:
 def _estimates(raw: dict, source: str) -> list:
     """The inputs that are estimates, each with its plausible range and what it rests on (``gpufleet-sim
     sensitivity`` varies each over its range). A fault is named by its name (``faults[straggler].visible``); the
-    path is resolved to its index here, and each end of the range is validated when sensitivity runs."""
+    path is resolved, and each end of the range validated, when sensitivity runs: a scenario derived from this one
+    with other faults (an override) stays valid."""
     items = raw.get("estimates")
     if items is None:
         return []
@@ -341,8 +342,7 @@ def _estimates(raw: dict, source: str) -> list:
         why = _get(e, "source", where, str, None, lambda v: None if v.strip() else "a non-empty string")
         if why is None:
             raise SpecError(f"{where}.source: required field is missing (what the range rests on)")
-        out.append({"path": resolve_names(raw, path, f"{where}.path"), "name": path, "low": e["low"],
-                    "high": e["high"], "source": why})
+        out.append({"name": path, "where": f"{where}.path", "low": e["low"], "high": e["high"], "source": why})
     return out
 
 

@@ -34,9 +34,9 @@ def _lead(res: dict, rec: str) -> dict:
 
 def run_sensitivity(sc: dict, policies: list, seeds: int,
                     progress: Callable[[int, int], None] | None = None) -> dict:
-    ests = sc["estimates"]
-    if not ests:
+    if not sc["estimates"]:
         raise SpecError(f"{sc['name']}: the scenario has no estimates: section (inputs with a plausible range)")
+    ests = [dict(e, path=scn.resolve_names(sc["raw"], e["name"], e["where"])) for e in sc["estimates"]]
     points: list = [("as shipped", {})]
     points += [(f"{e['name']} = {end}", {e["path"]: e[end]}) for e in ests for end in ("low", "high")]
     checked = {}

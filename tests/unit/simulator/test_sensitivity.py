@@ -61,8 +61,6 @@ def test_the_two_inputs_that_move_the_lead_most_are_varied_together_and_a_holdin
 @pytest.mark.parametrize("estimates, match", [
     ([{"path": FP, "low": 0, "high": 1}], r"estimates\[0\]\.source: required field is missing"),
     ([{"path": FP, "low": 0, "source": "x"}], r"estimates\[0\]\.high: required field is missing"),
-    ([{"path": "faults[nope].visible", "low": 0, "high": 1, "source": "x"}],
-     r"estimates\[0\]\.path: no faults entry named 'nope'"),
     ([{"path": FP, "low": 0, "high": 1, "source": "x", "guess": 2}], r"estimates\[0\]: unknown field\(s\) \['guess'\]"),
     ("all of them", r"estimates: expected a list"),
 ])
@@ -75,5 +73,15 @@ def test_a_range_end_the_scenario_refuses_is_named_before_anything_runs():
     sc = scenario([{"path": "faults[straggler].visible", "low": 0, "high": 2, "source": "x"}])
     with pytest.raises(SpecError, match=r"sensitivity: faults\[straggler\]\.visible = high"):
         run_sensitivity(sc, [resolve("reactive-auto")], seeds=1)
+    sc = scenario([{"path": "faults[nope].visible", "low": 0, "high": 1, "source": "x"}])
+    with pytest.raises(SpecError, match=r"estimates\[0\]\.path: no faults entry named 'nope'"):
+        run_sensitivity(sc, [resolve("reactive-auto")], seeds=1)
+
+
+def test_a_scenario_derived_with_other_faults_stays_valid():
+    """The shipped estimates name the straggler fault; an override that keeps other faults is still a scenario."""
+    raw = scn.load(val.SCENARIOS / "default-1k.yaml")["raw"]
+    sc = scn.validate(scn.override(raw, {"faults": [raw["faults"][0]]}))
+    assert [f["name"] for f in sc["faults"]] == [raw["faults"][0]["name"]] and sc["estimates"]
     with pytest.raises(SpecError, match="no estimates: section"):
         run_sensitivity(scenario(None), [resolve("reactive-auto")], seeds=1)
