@@ -31,6 +31,19 @@ def _progress_factory(total_hint: int):
     return cb, progress_bar
 
 
+def _emit_json(target, data) -> None:
+    """--json: the result as JSON on stdout (``-``) or written atomically to a path; nothing when not asked."""
+    if not target:
+        return
+    from .report import _atomic_write
+
+    text = json.dumps(data, indent=2, default=float)
+    if target == "-":
+        print(text)
+    else:
+        _atomic_write(Path(target), text.encode())
+
+
 def _policies(args, sc) -> list:
     out = []
     for p in args.policy or []:
@@ -53,10 +66,10 @@ def cmd_run(args) -> int:
     if progress_bar is not None:
         progress_bar.close()
     if not args.no_effects:
-        from .runner import knob_effects
+        from .runner import best_policy, knob_effects
 
         # around the best policy: what each of its knobs is worth on its own
-        best = max(res["policies"], key=lambda n: res["policies"][n]["ettr"]["mean"])
+        best = best_policy(res["policies"])
         anchor = next(p for p in pols if p["name"] == best)
         cb, progress_bar = _progress_factory(1)
         res["knob_effects"] = knob_effects(sc, anchor, res["per_seed"][best], progress=cb)
@@ -144,7 +157,6 @@ def _run_points(args, jobs: list, command: str):
 
 
 def cmd_sensitivity(args) -> int:
-    from .report import _atomic_write
     from .sensitivity import run_sensitivity, text
 
     sc = scn.load(args.scenario)
@@ -156,12 +168,7 @@ def cmd_sensitivity(args) -> int:
         progress_bar.close()
     if args.json != "-":
         print(text(res))
-    if args.json:
-        data = json.dumps(res, indent=2, default=float)
-        if args.json == "-":
-            print(data)
-        else:
-            _atomic_write(Path(args.json), data.encode())
+    _emit_json(args.json, res)
     return 0
 
 
@@ -226,12 +233,7 @@ def _spares_report(args, sc: dict, results: list) -> int:
                      f"95 % CI [{d['ci95'][0]:+,.0f}, {d['ci95'][1]:+,.0f}]"
                      + ("" if d["ci95"][0] > 0 else " (not separated: run more seeds)"))
         print(line)
-    if args.json:
-        data = json.dumps(out, indent=2, default=float)
-        if args.json == "-":
-            print(data)
-        else:
-            Path(args.json).write_text(data)
+    _emit_json(args.json, out)
     return 0
 
 
@@ -243,12 +245,7 @@ def _sweep_report(args, param, results) -> int:
         print(f"{param} = {json.dumps(v)}: ETTR {r['ettr']['mean'] * 100:.2f} %, lost GPU-h "
               f"{r['lost_gpu_hours']['mean']:,.0f}, cost ${r['cost_usd']['mean']:,.0f}")
     print(f"best: {param} = {json.dumps(best['value'])}")
-    if args.json:
-        data = json.dumps(out, indent=2, default=float)
-        if args.json == "-":
-            print(data)
-        else:
-            Path(args.json).write_text(data)
+    _emit_json(args.json, out)
     return 0
 
 
@@ -287,7 +284,7 @@ def _sweep_slurm(args, n: int, command: str = "sweep"):
 
 
 def cmd_validate(args) -> int:
-    from .validate import run_all
+    from .validate import ROLES, run_all
 
     cb, pbar = _progress_factory(4)
     res = run_all(quick=args.quick, progress=(lambda done, total, _name: cb(done, total)) if cb else None)
@@ -300,16 +297,11 @@ def cmd_validate(args) -> int:
             print(f"{c['case'].ljust(w)}  {c['expected']:>10.4g}  {c['measured']:>10.4g}  {c['tolerance']:>22}  "
                   f"{'PASS' if c['pass'] else 'FAIL':<6}  {c['role']}")
         print(f"{'all passed' if res['passed'] else 'FAILED'} in {res['wall_s']:.1f} s")
-        counts = {r: sum(c["role"] == r for c in res["cases"]) for r in ("predicts", "calibrates", "restates")}
+        counts = {r: sum(c["role"] == r for c in res["cases"]) for r in ROLES}
         print(f"{counts['predicts']} case(s) predict (no input set from the figure), {counts['calibrates']} "
               f"calibrate (inputs fitted to it), {counts['restates']} restate (arithmetic on inputs); why, case by "
               "case: --json")
-    if args.json:
-        data = json.dumps(res, indent=2, default=float)
-        if args.json == "-":
-            print(data)
-        else:
-            Path(args.json).write_text(data)
+    _emit_json(args.json, res)
     return 0 if res["passed"] else 1
 
 

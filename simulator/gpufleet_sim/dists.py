@@ -126,6 +126,11 @@ def t975(df: int) -> float:
     return 1.96
 
 
+def neg_ci(ci: dict) -> dict:
+    """The mean and CI of the opposite difference (b - a from a - b)."""
+    return {"mean": -ci["mean"], "ci95": [-ci["ci95"][1], -ci["ci95"][0]]}
+
+
 def mean_ci(values: list[float]) -> dict:
     """Mean and 95 % confidence interval (Student t) of per-seed values."""
     n = len(values)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.fileutil import atomic_write
 
-from .runner import CAUSES
+from .dists import neg_ci
+from .runner import CAUSES, best_policy
 
 CAUSE_LABEL = {"lost_work": "work lost since checkpoint", "detection": "detection + finding the node",
                "restart": "restart", "waiting": "waiting for a node", "checkpoint": "checkpoint stalls",
@@ -63,7 +64,8 @@ def table(res: dict) -> str:
     out = [f"{res['scenario']}: {res['gpus']:,} GPUs, {res['seeds']} seeds, {what}, "
            f"${res['price_per_gpu_hour']:g}/GPU-h", line(hdr), line(["-" * x for x in w])]
     out += [line(r) for r in rows]
-    best = max(res["policies"].items(), key=lambda kv: kv[1]["ettr"]["mean"])
+    top = best_policy(res["policies"])
+    best = (top, res["policies"][top])
     worst = min(res["policies"].items(), key=lambda kv: kv[1]["ettr"]["mean"])
     saved = worst[1]["lost_gpu_hours"]["mean"] - best[1]["lost_gpu_hours"]["mean"]
     tied = _tied(res["policies"], best[0])
@@ -81,10 +83,6 @@ def table(res: dict) -> str:
     if res.get("knob_effects"):
         out += [""] + effects_text(res["knob_effects"])
     return "\n".join(out)
-
-
-def _neg(ci: dict) -> dict:
-    return {"mean": -ci["mean"], "ci95": [-ci["ci95"][1], -ci["ci95"][0]]}
 
 
 def _verdict(ci: dict, seeds: int) -> str:
@@ -115,9 +113,9 @@ def effects_text(eff: dict) -> list:
         e = det[0]
         # passive minus reactive, whichever the anchor has
         d_ettr, d_lost = ((e["ettr"], e["lost_gpu_hours"]) if e["anchor_level"] == "passive"
-                          else (_neg(e["ettr"]), _neg(e["lost_gpu_hours"])))
-        held = ", ".join(f"{x['knob']} {x['anchor_level']}" for x in eff["effects"] if x["knob"] != "detection")
-        held = ", ".join(dict.fromkeys(held.split(", ")))
+                          else (neg_ci(e["ettr"]), neg_ci(e["lost_gpu_hours"])))
+        held = ", ".join(dict.fromkeys(f"{x['knob']} {x['anchor_level']}" for x in eff["effects"]
+                                       if x["knob"] != "detection"))
         out.append(f"Passive health checks themselves (against reactive detection, with {held} as in "
                    f"{eff['anchor']}): ETTR {_pts(d_ettr)}, lost GPU-hours {_pts(d_lost, 1.0, '', 0)}: "
                    f"{_verdict(d_ettr, n)}.")
@@ -185,13 +183,12 @@ def public_json(res: dict) -> dict:
                 pols[name][k] = p[k]
         pols[name]["label"] = p["label"]
         pols[name]["knobs"] = p["knobs"]
-    return {"scenario": res["scenario"], "gpus": res["gpus"], "seeds": res["seeds"],
-            "price_per_gpu_hour": res["price_per_gpu_hour"], "wall_s": res["wall_s"], "policies": pols,
-            "paired": res.get("paired", {}), **_effects_of(res)}
-
-
-def _effects_of(res: dict) -> dict:
-    return {"knob_effects": res["knob_effects"]} if "knob_effects" in res else {}
+    out = {"scenario": res["scenario"], "gpus": res["gpus"], "seeds": res["seeds"],
+           "price_per_gpu_hour": res["price_per_gpu_hour"], "wall_s": res["wall_s"], "policies": pols,
+           "paired": res.get("paired", {})}
+    if "knob_effects" in res:
+        out["knob_effects"] = res["knob_effects"]
+    return out
 
 
 def write_json(res: dict, target: str) -> None:
@@ -325,7 +322,8 @@ def _tied(pol: dict, best: str) -> list:
 def write_html(res: dict, out: Path, pngs: list[Path], table_text: str) -> Path:
     _ONE_SEED[0] = res["seeds"] < 2
     pol = res["policies"]
-    best = max(pol.items(), key=lambda kv: kv[1]["ettr"]["mean"])
+    top = best_policy(pol)
+    best = (top, pol[top])
     worst = min(pol.items(), key=lambda kv: kv[1]["ettr"]["mean"])
     price = res["price_per_gpu_hour"]
     saved = worst[1]["lost_gpu_hours"]["mean"] - best[1]["lost_gpu_hours"]["mean"]

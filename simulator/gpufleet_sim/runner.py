@@ -101,6 +101,11 @@ def aggregate(per_seed: list[dict], classes: list[str]) -> dict:
     return out
 
 
+def best_policy(policies: dict) -> str:
+    """The policy with the highest mean ETTR (the first of equals), of a result's ``policies``."""
+    return max(policies, key=lambda n: policies[n]["ettr"]["mean"])
+
+
 def _brain(sc: dict, policy: dict, cache: dict):
     """The shipped brain a policy runs with (its repair mode and job action), one per kind in ``cache``."""
     from .brain import default_brain

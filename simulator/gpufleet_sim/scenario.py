@@ -339,9 +339,7 @@ def _estimates(raw: dict, source: str) -> list:
         for end in ("low", "high"):
             if e.get(end) is None:
                 raise SpecError(f"{where}.{end}: required field is missing (the {end} end of the plausible range)")
-        why = _get(e, "source", where, str, None, lambda v: None if v.strip() else "a non-empty string")
-        if why is None:
-            raise SpecError(f"{where}.source: required field is missing (what the range rests on)")
+        why = _get(e, "source", where, str, ..., lambda v: None if v.strip() else "a non-empty string")
         out.append({"name": path, "where": f"{where}.path", "low": e["low"], "high": e["high"], "source": why})
     return out
 

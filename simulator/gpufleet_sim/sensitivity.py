@@ -13,23 +13,22 @@ from __future__ import annotations
 from typing import Callable
 
 from . import scenario as scn
-from .dists import SpecError
-from .runner import paired, run_scenario
+from .dists import SpecError, neg_ci
+from .runner import best_policy, paired, run_scenario
 
 
 def _lead(res: dict, rec: str) -> dict:
     """The recommended policy against its closest rival at one point: ETTR difference (rec minus rival, paired by
     seed) with its CI, the rival, and the best policy there."""
     pol = res["policies"]
-    best = max(pol, key=lambda n: pol[n]["ettr"]["mean"])
+    best = best_policy(pol)
     rivals = [n for n in pol if n != rec]
     if not rivals:
         return {"best": best, "rival": None, "ettr": None}
     diffs = paired({rec: res["per_seed"][rec], **{n: res["per_seed"][n] for n in rivals}}, keys=("ettr",))
     # paired() gives each rival minus rec: the closest rival is the one with the largest difference
     rival = max(rivals, key=lambda n: diffs["policies"][n]["ettr"]["mean"])
-    d = diffs["policies"][rival]["ettr"]
-    return {"best": best, "rival": rival, "ettr": {"mean": -d["mean"], "ci95": [-d["ci95"][1], -d["ci95"][0]]}}
+    return {"best": best, "rival": rival, "ettr": neg_ci(diffs["policies"][rival]["ettr"])}
 
 
 def run_sensitivity(sc: dict, policies: list, seeds: int,
@@ -40,9 +39,9 @@ def run_sensitivity(sc: dict, policies: list, seeds: int,
     points: list = [("as shipped", {})]
     points += [(f"{e['name']} = {end}", {e["path"]: e[end]}) for e in ests for end in ("low", "high")]
     checked = {}
-    for label, assign in points:  # every point is validated before anything runs
+    for label, assign in points:  # every single-estimate point is validated before anything runs
         checked[label] = scn.validate(scn.override(sc["raw"], assign), source=f"sensitivity: {label}")
-    total = len(points) + 4
+    total = len(points) + (4 if len(ests) >= 2 else 0)  # the two that move the lead most, at four corners
     done = [0]
 
     def run(s2: dict) -> dict:
@@ -53,7 +52,7 @@ def run_sensitivity(sc: dict, policies: list, seeds: int,
         return res
 
     base = run(checked["as shipped"])
-    rec = max(base["policies"], key=lambda n: base["policies"][n]["ettr"]["mean"])
+    rec = best_policy(base["policies"])
     out: dict = {"scenario": sc["name"], "seeds": seeds, "recommended": rec, "as_shipped": _lead(base, rec),
                  "inputs": [], "together": [], "flips": []}
     for e in ests:
