@@ -58,6 +58,7 @@ def role_root(tmp_path, module_idp, run_sshd_dir):
         "oidc_login_install_packages": False, "oidc_login_manage_venv": False, "oidc_login_site_dir": str(SITE),
         "oidc_login_install_dir": str(root / "opt/gpufleet-oidc"),
         "oidc_login_config_path": str(root / "etc/gpufleet/oidc.yml"),
+        "oidc_login_cli_path": str(root / "usr/local/bin/gpufleet-oidc"),  # never the host's
         "oidc_login_pam_dir": str(root / "etc/pam.d"), "oidc_login_pam_service": service,
         "oidc_login_pam_include": include, "oidc_login_debug_log": str(root / "pam.log"),
         "oidc_login_sshd_config": str(root / "etc/ssh/sshd_config"),
@@ -93,6 +94,10 @@ def test_role_applies_idempotently_and_sshd_logs_in(role_root, module_idp, tmp_p
     t = _run("/usr/sbin/sshd", "-T", "-f", str(root / "etc/ssh/sshd_config"), "-C",
              f"user={ALICE},host=h,addr=127.0.0.1")
     assert "authenticationmethods keyboard-interactive" in t.stdout
+    # the installed command runs the same preflight against the real IdP
+    pf = _run(str(root / "usr/local/bin/gpufleet-oidc"), "preflight", "--config", str(root / "etc/gpufleet/oidc.yml"),
+              "--mode", "token")
+    assert pf.returncode == 0 and pf.stdout.startswith("ok: discovery and JWKS"), pf.stdout + pf.stderr
     again = apply(root, extra)
     assert again.returncode == 0 and "changed=0" in again.stdout, again.stdout[-3000:]
     for dropin in (root / "etc/ssh/sshd_config.d").iterdir():  # one header line, never "# #"
