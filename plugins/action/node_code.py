@@ -3,8 +3,10 @@
 """Action of gpufleet.reliability.node_code: derive the files on the controller, send them in one module run."""
 from __future__ import annotations
 
+import json
 import os
 
+import yaml
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
@@ -17,6 +19,22 @@ ARGUMENT_SPEC = dict(
     mode=dict(type="str", default="0644"),
     directory_mode=dict(type="str", default="0755"),
 )
+
+
+def collection_version(src):
+    """The version of the collection whose ``plugins/module_utils`` is ``src``: from MANIFEST.json (an installed
+    collection) or galaxy.yml (a checkout), or None when neither is there or names one."""
+    root = os.path.dirname(os.path.dirname(os.path.realpath(src)))
+    try:
+        with open(os.path.join(root, "MANIFEST.json"), encoding="utf-8") as handle:
+            version = (json.load(handle).get("collection_info") or {}).get("version")
+    except (OSError, ValueError, AttributeError):
+        try:
+            with open(os.path.join(root, "galaxy.yml"), encoding="utf-8") as handle:
+                version = (yaml.safe_load(handle) or {}).get("version")
+        except (OSError, yaml.YAMLError, AttributeError):
+            version = None
+    return str(version) if isinstance(version, (str, int, float)) and str(version) else None
 
 
 class ActionModule(ActionBase):
@@ -39,7 +57,8 @@ class ActionModule(ActionBase):
                     files[rel.replace(os.sep, "/")] = handle.read()
             except (OSError, UnicodeDecodeError) as err:
                 raise AnsibleActionFail(f"src: cannot read {path}: {err}") from err
-        res = self._execute_module(module_name="gpufleet.reliability.node_code", module_args=dict(args, files=files),
+        module_args = dict(args, files=files, version=collection_version(args["src"]))
+        res = self._execute_module(module_name="gpufleet.reliability.node_code", module_args=module_args,
                                    task_vars=task_vars)
         res.pop("invocation", None)  # the module's arguments are the files' text: not worth echoing back
         result.update(res)

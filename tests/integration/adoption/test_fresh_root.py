@@ -182,6 +182,12 @@ def test_every_role_check_then_apply_then_unchanged(installed_collection, tmp_pa
     lib = root / "opt/gpufleet/lib/ansible_collections/gpufleet/reliability/plugins/module_utils"
     assert (lib / "health/engine.py").read_bytes() == (
         installed_collection.path / "plugins/module_utils/health/engine.py").read_bytes()
+    # and the node records which release it is (what a --diff of the next upgrade shows): one record a role's
+    # entries in the shared library directory, each naming the installed tarball's version
+    version = json.loads((installed_collection.path / "MANIFEST.json").read_text())["collection_info"]["version"]
+    records = [json.loads(p.read_text()) for p in sorted((lib / ".gpufleet-node-code").glob("*.json"))]
+    assert sorted(r["entries"][0] for r in records) == ["cli/health_agent.py", "cli/startup.py"], records
+    assert {r["version"] for r in records} == {version}, records
 
     # The installed agent on this host, which has no NVIDIA driver (real NVML in the role's venv fails to load):
     # a CPU node (expected 0) is healthy, a GPU node is not. The state file is outside the tree compared below.

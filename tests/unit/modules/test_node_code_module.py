@@ -1,7 +1,9 @@
 # Copyright (c) gpufleet.reliability contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """node_code (action plugin and module) run for real through Ansible: the node-side code in one module run."""
+import json
 import os
+import shutil
 import stat
 import sys
 from pathlib import Path
@@ -15,6 +17,7 @@ from support.ansible_cli import ansible_env, run_module
 REPO = Path(__file__).resolve().parents[3]
 SRC = REPO / "plugins" / "module_utils"
 ENTRIES = ["cli/startup.py"]
+GALAXY_VERSION = yaml.safe_load((REPO / "galaxy.yml").read_text())["version"]
 
 
 def mode(path):
@@ -42,7 +45,11 @@ def test_installs_every_file_once_then_changes_nothing(tmp_path):
         assert mode(dest / rel) == 0o644, rel
     assert mode(dest) == 0o755 and mode(dest / "startup") == 0o755
     on_disk = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
-    assert on_disk == sorted(files)  # exactly the derived files, no temporary file left
+    assert on_disk == sorted(files + [res["record"]])  # the derived files and the record, no temporary file left
+    record = json.loads((dest / res["record"]).read_text())
+    assert record == {"version": GALAXY_VERSION, "tree_sha256": res["tree_sha256"], "entries": ENTRIES,
+                      "files": len(files)}
+    assert res["version"] == GALAXY_VERSION and res["previous"] is None
 
     ok, res = install(dest)
     assert ok and res["changed"] is False and res["changed_files"] == [] and res["created_directories"] == [], res
@@ -102,26 +109,91 @@ def test_bad_input_names_the_field_and_writes_nothing(tmp_path):
     assert sorted(p.name for p in dest.rglob("*")) == ["cli", "startup.py"]
 
 
-def test_diff_mode_shows_a_manifest_not_the_source(tmp_path):
-    dest = tmp_path / "mu"
-    pdd = tmp_path / "runner"
+def play_node_code(tmp_path, name, src, dest, entries=ENTRIES, cmdline="--diff"):
+    """node_code as a playbook task (the action plugin reads ``src`` and its collection's version); its result."""
+    pdd = tmp_path / f"runner-{name}"
     (pdd / "project").mkdir(parents=True)
     play = [{"hosts": "localhost", "gather_facts": False, "tasks": [
-        {"gpufleet.reliability.node_code": {"entries": ENTRIES, "src": str(SRC), "dest": str(dest)}}]}]
+        {"gpufleet.reliability.node_code": {"entries": entries, "src": str(src), "dest": str(dest)}}]}]
     (pdd / "project" / "site.yml").write_text(yaml.safe_dump(play))
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     inventory = {"all": {"hosts": {"localhost": {"ansible_connection": "local",
                                                  "ansible_python_interpreter": sys.executable}}}}
-    r = ansible_runner.run(private_data_dir=str(pdd), playbook="site.yml", quiet=True, cmdline="--check --diff",
+    r = ansible_runner.run(private_data_dir=str(pdd), playbook="site.yml", quiet=True, cmdline=cmdline,
                            inventory=inventory, envvars=ansible_env(env={"PATH": path}))
     assert r.rc == 0, r.stdout.read()[-3000:]
-    res = next(e["event_data"]["res"] for e in r.events if e["event"] == "runner_on_ok")
+    return next(e["event_data"]["res"] for e in r.events if e["event"] in ("runner_on_ok", "runner_on_changed"))
+
+
+def test_diff_mode_shows_a_manifest_not_the_source(tmp_path):
+    dest = tmp_path / "mu"
+    res = play_node_code(tmp_path, "check", SRC, dest, cmdline="--check --diff")
     files = sorted(node_files(ENTRIES, SRC))
     diff = res["diff"]
     # a manifest, one line a file (mode, sha256, path), not the source: reviewable in a --check --diff of a site
     after = diff["after"].splitlines()
-    assert after[0].startswith(f"# gpufleet node code under {dest}: {len(files)} files")
+    assert after[0] == (f"# gpufleet node code {GALAXY_VERSION} (tree sha256 {res['tree_sha256'][:16]}): "
+                        f"{len(files)} files (mode, sha256, path)")
     assert [ln.split()[-1] for ln in after[1:]] == files and all(ln.startswith("0644 ") for ln in after[1:])
-    assert f"{dest}/ directory absent" in diff["before"] and res["tree_sha256"][:16] in diff["after_header"]
+    assert f"{dest}/ directory absent" in diff["before"]
+    assert diff["before_header"] == f"{dest}: gpufleet node code: none recorded"
+    assert diff["after_header"] == \
+        f"{dest}: gpufleet node code {GALAXY_VERSION} (tree sha256 {res['tree_sha256'][:16]})"
     assert len(diff["after"]) < 120 * (len(files) + 1)
     assert not dest.exists()
+
+
+def test_an_upgrade_reads_as_one_version_to_the_next_and_roles_sharing_dest_keep_their_own_record(tmp_path):
+    # a copy of the collection's code under a galaxy.yml of our own, as an upgrade from 0.1.0 to 0.1.1 ships it
+    coll = tmp_path / "coll"
+    shutil.copytree(SRC, coll / "plugins" / "module_utils", ignore=shutil.ignore_patterns("__pycache__"))
+    src = coll / "plugins" / "module_utils"
+    dest = tmp_path / "node" / "mu"
+    (coll / "galaxy.yml").write_text("namespace: gpufleet\nname: reliability\nversion: 0.1.0\n")
+    first = play_node_code(tmp_path, "first", src, dest)
+    assert first["changed"] and first["version"] == "0.1.0" and first["previous"] is None
+    # a second role's entries in the same dest: a record of its own, so neither flips the other's
+    other = play_node_code(tmp_path, "other", src, dest, entries=["cli/health_agent.py"])
+    assert other["record"] != first["record"] and other["version"] == "0.1.0"
+    assert play_node_code(tmp_path, "again", src, dest)["changed"] is False
+    assert play_node_code(tmp_path, "other-again", src, dest, entries=["cli/health_agent.py"])["changed"] is False
+
+    # the upgrade: one file changed and a new version
+    (coll / "galaxy.yml").write_text("namespace: gpufleet\nname: reliability\nversion: 0.1.1\n")
+    (src / "cli" / "startup.py").write_text((src / "cli" / "startup.py").read_text() + "# 0.1.1\n")
+    up = play_node_code(tmp_path, "up", src, dest)
+    assert up["changed"] and up["changed_files"] == ["cli/startup.py"], up
+    assert up["previous"] == {"version": "0.1.0", "tree_sha256": first["tree_sha256"]}
+    assert up["diff"]["before_header"] == f"{dest}: gpufleet node code 0.1.0 (tree sha256 {first['tree_sha256'][:16]})"
+    assert up["diff"]["after_header"] == f"{dest}: gpufleet node code 0.1.1 (tree sha256 {up['tree_sha256'][:16]})"
+    changed = [ln for ln in up["diff"]["after"].splitlines() if ln not in up["diff"]["before"].splitlines()]
+    assert len(changed) == 2 and changed[1].endswith("  cli/startup.py"), changed  # the header and that file
+
+    # a version change alone (the same code, re-released) is a change too, and says so
+    (coll / "galaxy.yml").write_text("namespace: gpufleet\nname: reliability\nversion: 0.1.2\n")
+    bump = play_node_code(tmp_path, "bump", src, dest)
+    assert bump["changed"] and bump["changed_files"] == [] and bump["version"] == "0.1.2"
+    assert bump["tree_sha256"] == up["tree_sha256"]
+
+
+def test_a_hostile_record_is_replaced_never_followed_or_echoed(tmp_path):
+    dest = tmp_path / "mu"
+    ok, res = install(dest)
+    assert ok
+    record = dest / res["record"]
+    target = tmp_path / "elsewhere.json"
+    target.write_text('{"version": "9.9.9", "tree_sha256": "x"}')
+    record.unlink()
+    record.symlink_to(target)
+    ok, res = install(dest)
+    assert ok and res["changed"] and res["previous"] is None and res["changed_files"] == [], res
+    assert not record.is_symlink() and json.loads(record.read_text())["tree_sha256"] == res["tree_sha256"]
+    assert target.read_text() == '{"version": "9.9.9", "tree_sha256": "x"}'
+    # terminal escapes in a planted record's version are not printed back
+    record.write_text(json.dumps({"version": "1.0\x1b]52;c;ZWNobw==\x07", "tree_sha256": "0" * 64}))
+    ok, res = install(dest)
+    assert ok and res["previous"] == {"version": "1.0??52?c?ZWNobw???", "tree_sha256": "0" * 64}, res
+    record.write_text("not json" * 20000)  # too large, not a record
+    ok, res = install(dest)
+    assert ok and res["changed"] and res["previous"] is None
+    assert install(dest)[1]["changed"] is False
