@@ -2,7 +2,9 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # The gpu_health role applied for real (ansible-runner, local connection) into a temp root: twice, the second run
 # unchanged; the units verify with systemd-analyze; the installed agent runs from the copied files with the venv the
-# role made (real nvidia-ml-py from PyPI), and its textfile passes the real promtool.
+# role made (real nvidia-ml-py, from a wheelhouse that `make wheelhouse` builds from PyPI, on a node whose package
+# index cannot be reached), and its textfile passes the real promtool. The online path (pip asks the index) is
+# the fresh-root adoption test's.
 import json
 import os
 import shutil
@@ -11,6 +13,7 @@ import sys
 from pathlib import Path
 
 import ansible_runner
+import pytest
 import yaml
 
 from ansible_collections.gpufleet.reliability.plugins.filter.node_files import node_files
@@ -41,6 +44,23 @@ def role_vars(root: Path, **extra):
     return v
 
 
+@pytest.fixture(scope="module")
+def wheelhouse(tmp_path_factory) -> Path:
+    """The wheels `make wheelhouse` builds, for the node's Python here (pip downloads them from the index)."""
+    ver = subprocess.run([NODE_PYTHON, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    dest = tmp_path_factory.mktemp("wheels") / "wheelhouse"
+    proc = subprocess.run([sys.executable, str(REPO / "scripts/wheelhouse.py"), "--python-version", ver,
+                           "--dest", str(dest)], capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return dest
+
+
+# A node that cannot reach a package index: pip is told of one on a closed loopback port, and no pip
+# configuration file of this machine (which may name local mirrors) is read.
+OFFLINE = {"PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_CONFIG_FILE": os.devnull}
+
+
 def apply_role(tmp_path: Path, monkeypatch, extravars: dict):
     pdd = tmp_path / "runner"
     (pdd / "project").mkdir(parents=True, exist_ok=True)
@@ -55,7 +75,7 @@ def apply_role(tmp_path: Path, monkeypatch, extravars: dict):
         private_data_dir=str(pdd), playbook="site.yml", quiet=True, extravars=extravars,
         inventory={"all": {"hosts": {"node": {"ansible_connection": "local", "ansible_host": "localhost",
                                               "ansible_python_interpreter": sys.executable}}}},
-        envvars={"ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections")},
+        envvars={"ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"), **OFFLINE},
     )
     failures = [e["event_data"].get("res") for e in r.events if e["event"] == "runner_on_failed"]
     assert r.status == "successful" and r.rc == 0, failures or r.stdout.read()
@@ -65,10 +85,10 @@ def apply_role(tmp_path: Path, monkeypatch, extravars: dict):
     return r, changed
 
 
-def test_role_twice_unchanged_and_agent_runs(tmp_path, monkeypatch):
+def test_role_twice_unchanged_and_agent_runs(tmp_path, monkeypatch, wheelhouse):
     assert os.access(NODE_PYTHON, os.X_OK), f"{NODE_PYTHON} is needed as the node's python"
     root = tmp_path / "root"
-    extravars = role_vars(root)
+    extravars = role_vars(root, gpu_health_wheelhouse=str(wheelhouse))
     r1, _changed1 = apply_role(tmp_path, monkeypatch, extravars)
     assert r1.stats["changed"].get("node", 0) > 0
     r2, changed2 = apply_role(tmp_path, monkeypatch, extravars)
@@ -89,7 +109,8 @@ def test_role_twice_unchanged_and_agent_runs(tmp_path, monkeypatch):
     venv_py = root / "opt/gpufleet/venv/bin/python"
     ver = subprocess.run([str(venv_py), "-c", "import importlib.metadata as m; print(m.version('nvidia-ml-py'))"],
                          capture_output=True, text=True, check=True).stdout.strip()
-    assert pin == f"nvidia-ml-py=={ver}"
+    assert pin == f"nvidia-ml-py=={ver}"  # installed with the index unreachable: from the wheelhouse alone
+    assert (root / "opt/gpufleet/venv-wheels/SHA256SUMS").read_text() == (wheelhouse / "SHA256SUMS").read_text()
 
     for script in (hc, root / "usr/local/bin/gpufleet-health"):
         p = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True, check=False)

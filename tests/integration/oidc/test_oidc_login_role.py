@@ -134,13 +134,20 @@ def test_check_mode_on_a_fresh_login_node_with_the_default_venv_predicts_without
     extra = {k: v for k, v in extra.items() if k not in ("oidc_login_manage_venv", "oidc_login_site_dir")}
     venv = root / "opt/gpufleet-oidc/venv"
     extra["oidc_login_venv"] = str(venv)
+    # an offline login node: the wheels it would be given (make wheelhouse) are predicted, not copied
+    wheels = root.parent / "wheelhouse"
+    wheels.mkdir(exist_ok=True)
+    (wheels / "SHA256SUMS").write_text("")
+    extra["oidc_login_wheelhouse"] = str(wheels)
 
     before = files(root)
     r = apply(root, extra, "--check", "--diff")
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert f"Check mode: {venv} does not exist yet" in r.stdout, r.stdout[-4000:]
     assert f"site={venv}/lib/python3." in r.stdout, r.stdout[-4000:]  # the PAM line's predicted site-packages
-    assert not venv.exists()
+    assert "TASK [gpufleet.reliability.oidc_login : Copy the wheels for a login node without a package index]" \
+        in r.stdout, r.stdout[-4000:]
+    assert not venv.exists() and not (root / "opt/gpufleet-oidc/wheels").exists()
     assert files(root) == before
 
 
