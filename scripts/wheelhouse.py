@@ -77,7 +77,7 @@ def build(dest: Path, python_version: str, platform: str, pip: list[str] | None 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     ap.add_argument("--python-version", default="3.9", help="the nodes' Python, 3.N (default 3.9: RHEL 9)")
     ap.add_argument("--platform", default="manylinux2014_x86_64",
                     help="the nodes' wheel platform tag (default manylinux2014_x86_64; manylinux2014_aarch64 for Arm)")

@@ -109,12 +109,12 @@ def test_bad_input_names_the_field_and_writes_nothing(tmp_path):
     assert sorted(p.name for p in dest.rglob("*")) == ["cli", "startup.py"]
 
 
-def play_node_code(tmp_path, name, src, dest, entries=ENTRIES, cmdline="--diff"):
+def play_node_code(tmp_path, name, src, dest, entries=None, cmdline="--diff"):
     """node_code as a playbook task (the action plugin reads ``src`` and its collection's version); its result."""
     pdd = tmp_path / f"runner-{name}"
     (pdd / "project").mkdir(parents=True)
     play = [{"hosts": "localhost", "gather_facts": False, "tasks": [
-        {"gpufleet.reliability.node_code": {"entries": entries, "src": str(src), "dest": str(dest)}}]}]
+        {"gpufleet.reliability.node_code": {"entries": entries or ENTRIES, "src": str(src), "dest": str(dest)}}]}]
     (pdd / "project" / "site.yml").write_text(yaml.safe_dump(play))
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     inventory = {"all": {"hosts": {"localhost": {"ansible_connection": "local",
