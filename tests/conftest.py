@@ -17,3 +17,26 @@ if str(COLLECTIONS) not in sys.path:
 
 FIXTURES = REPO / "tests" / "fixtures"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+# GPUFLEET_TEST_CPU=DIR: each test's CPU seconds (this process and the children it reaped: Ansible, the agent, the
+# commands; not the lab's daemons or what they run) and wall seconds, a line per test in DIR/<pid>.tsv - where the
+# CPU of `make test` goes, test by test (CONTRIBUTING.md, "Where the CPU goes").
+_CPU_DIR = os.environ.get("GPUFLEET_TEST_CPU")
+if _CPU_DIR:
+    import resource
+    import time
+
+    import pytest
+
+    def _cpu() -> float:
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        cpu0, wall0 = _cpu(), time.monotonic()
+        yield
+        os.makedirs(_CPU_DIR, exist_ok=True)
+        with open(os.path.join(_CPU_DIR, f"{os.getpid()}.tsv"), "a", encoding="utf-8") as out:
+            out.write(f"{item.nodeid}\t{_cpu() - cpu0:.2f}\t{time.monotonic() - wall0:.2f}\n")

@@ -22,7 +22,7 @@ REPO = HERE.parents[1]
 FAKEGPU = HERE / "fakegpu.py"
 SPARE_REASON = "gpufleet: spare"
 #: A healthy node with nothing that could change its report is checked again after this many seconds (install_hook).
-HEALTHY_REPEAT_S = 30
+HEALTHY_REPEAT_S = 120
 
 
 class RepairLab:
