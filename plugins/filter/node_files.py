@@ -127,17 +127,26 @@ def node_files(entries, root):
             init = os.path.join(*parts[:depth], "__init__.py")
             if os.path.isfile(os.path.join(root, init)):
                 todo.append(init)
-        for mod, names, line in _imported(root, rel):
-            found = _module_file(root, mod)
-            if found is None and mod:
-                raise NodeFilesError(f"{rel}:{line}: imports {'.'.join(mod)!r}, which is not in {root}")
-            if found is not None:
-                todo.append(os.path.relpath(found, root))
-            for name in names or ():
-                sub = _module_file(root, mod + [name])  # from ..repair import drain: a sub-module
-                if sub is not None:
-                    todo.append(os.path.relpath(sub, root))
+        todo.extend(direct_imports(root, rel))
     return sorted(p.replace(os.sep, "/") for p in seen)
+
+
+def direct_imports(root, rel):
+    """The module_utils files that file ``rel`` imports itself (not what they import), relative to ``root``: the
+    module of each import and, for ``from PACKAGE import name``, the sub-module ``name`` when there is one. Raises
+    NodeFilesError naming the file and line of an import that names no module here."""
+    out = []
+    for mod, names, line in _imported(root, rel):
+        found = _module_file(root, mod)
+        if found is None and mod:
+            raise NodeFilesError(f"{rel}:{line}: imports {'.'.join(mod)!r}, which is not in {root}")
+        if found is not None:
+            out.append(os.path.relpath(found, root))
+        for name in names or ():
+            sub = _module_file(root, mod + [name])  # from ..repair import drain: a sub-module
+            if sub is not None:
+                out.append(os.path.relpath(sub, root))
+    return out
 
 
 def _filter(entries, root):
