@@ -48,7 +48,7 @@ _value:
   type: string
 """
 
-from ansible_collections.gpufleet.reliability.plugins.module_utils.health.metrics import repair_text
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.metrics import repair_text
 
 
 def repair_prometheus(plan, breaker=None, results=None, now=None):

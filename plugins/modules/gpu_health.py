@@ -199,6 +199,7 @@ ansible_facts:
 
 import json
 import os
+import time
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
@@ -211,7 +212,7 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.health import
     read_nvidia_smi_xml,
 )
 from ansible_collections.gpufleet.reliability.plugins.module_utils.health.model import PROBE_FAILED, Snapshot
-from ansible_collections.gpufleet.reliability.plugins.module_utils.health.state import load_state, save_state
+from ansible_collections.gpufleet.reliability.plugins.module_utils.statefile import load_state, save_state
 
 
 def _read(module, path, option):
@@ -289,7 +290,7 @@ def main():
         except OSError as exc:
             module.warn(f"kernel log not read (/dev/kmsg: {exc.strerror or exc}); judging without it")
     try:
-        report = judge(snap, lines, config=cfg, state=state, repaired_at=p["repaired_at"])
+        report = judge(snap, lines, config=cfg, state=state, repaired_at=p["repaired_at"], now=time.time())
     except ValueError as exc:
         module.fail_json(msg=str(exc))
     if p["state_path"] and not module.check_mode:

@@ -108,7 +108,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.fileutil import atomic_write, differs
-from ansible_collections.gpufleet.reliability.plugins.module_utils.health.metrics import repair_text
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.metrics import repair_text
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.policy import followups
 from ansible_collections.gpufleet.reliability.plugins.module_utils.runlock import release
 

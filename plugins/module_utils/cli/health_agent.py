@@ -22,9 +22,9 @@ from ..health import judge, metrics
 from ..health.model import PROBE_FAILED, Snapshot
 from ..health.report import Report
 from ..health.smi import read_nvidia_smi_text, read_nvidia_smi_xml
-from ..health.state import atomic_write, load_state, save_state
 from ..health.xid_catalog_data import CATALOG_VERSION
 from ..slurmfacts import IN_MAINTENANCE, REASON_PREFIX, drained_by, foreign_reason
+from ..statefile import atomic_write, load_state, save_state
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
@@ -314,8 +314,9 @@ def check(args: argparse.Namespace) -> int:
     if snap.hostname is None:
         snap.hostname = _hostname()
     lines, cursor = _kernel_lines(args, state, notes)
+    now = time.time() if args.now is None else args.now  # the body reads the clock; the brain is given it
     try:
-        report = judge(snap, lines, config=cfg, state=state, now=args.now, repaired_at=args.repaired_at)
+        report = judge(snap, lines, config=cfg, state=state, now=now, repaired_at=args.repaired_at)
     except ValueError as exc:
         raise UsageError(str(exc))
     counters = metrics.update_counters(state.get("metrics"), snap, lines) if args.textfile else state.get("metrics")
@@ -341,8 +342,9 @@ def check(args: argparse.Namespace) -> int:
     duration = time.perf_counter() - t0
     if args.textfile:
         try:
-            metrics.write_textfile(args.textfile, metrics.prometheus_text(report, snap, duration, name, slurm,
-                                                                          counters))
+            # atomically: node_exporter never reads half a file
+            atomic_write(os.path.join(args.textfile, PROM_FILE),
+                         metrics.prometheus_text(report, snap, duration, name, slurm, counters))
         except OSError as exc:
             notes.append(f"textfile not written: {args.textfile}: {exc.strerror or exc}")
     d = report.to_dict()

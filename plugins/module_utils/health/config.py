@@ -47,7 +47,7 @@ DEFAULT_THRESHOLDS: Dict[str, float] = {
 }
 
 _KEYS = ("expected_gpus", "thresholds", "skip_checks", "xid_overrides", "sxid_overrides", "profiles", "profile",
-         "expected_driver", "expected_cuda", "required_mounts", "boot_time", "state_path", "events_as_of",
+         "expected_driver", "expected_cuda", "required_mounts", "boot_time", "events_as_of",
          "hostname", "require_persistence")
 
 
@@ -97,7 +97,6 @@ class Config:
         if bt is not None and (isinstance(bt, bool) or not isinstance(bt, (int, float))):
             raise ValueError(f"boot_time: expected epoch seconds (number), got {bt!r}")
         self.boot_time = bt
-        self.state_path = _opt_str(raw.get("state_path"), "state_path")
         as_of = raw.get("events_as_of") or "now"
         if as_of not in ("now", "latest"):
             raise ValueError(f"events_as_of: expected 'now' or 'latest', got {as_of!r}")

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import math
-import os
-import time
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
 from .catalog import Catalog
@@ -25,7 +23,6 @@ from .rules import (
     check_probe,
     node_throttle_set,
 )
-from .state import load_state, save_state
 
 _MAX_REMEMBERED = 300
 _DEFAULT_CATALOG = None
@@ -73,37 +70,33 @@ def _repaired_at(stored: Any, given: Any, now: float) -> Optional[float]:
 def judge(snapshot: Union[None, Snapshot, Mapping[str, Any]] = None,
           kmsg_lines: Union[None, str, bytes, Iterable[Union[str, bytes, KernelEvent]]] = (),
           config: Union[None, Config, Mapping[str, Any]] = None,
-          state: Union[None, Mapping[str, Any], str, os.PathLike[str]] = None,
+          state: Optional[Mapping[str, Any]] = None,
           now: Optional[float] = None, repaired_at: Optional[float] = None) -> Report:
     """Judge one node.
 
     snapshot: Snapshot, its dict form, or None (kernel log only). kmsg_lines: text, lines or KernelEvent objects;
     None means "no kernel log either" (with no snapshot that is the verdict unknown, code no_data).
-    config: mapping (see config.py) or Config. state: previous state dict (not modified), a path to a state file
-    (read, then written atomically), or None (no state; or config ``state_path``). now: epoch seconds.
+    config: mapping (see config.py) or Config. state: the previous run's ``report.state`` (not modified), or None
+    (the first run). now: epoch seconds, required: the brain reads no clock and no file (the bodies read the state
+    file and the clock, and write ``report.state`` back; ``statefile.py``).
     repaired_at: epoch seconds when a repair step (GPU reset, reboot) started whose verification this check is:
     kernel events dated at or before it are what the repair fixed, so they are neither judged nor remembered, now
     or in later runs (the state keeps the newest such time). The next state is in ``report.state``.
     """
     cfg = config if isinstance(config, Config) else Config(config)
-    now = time.time() if now is None else float(now)
+    if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
+        raise ValueError(f"now: expected epoch seconds (a finite number), got {now!r}")
+    now = float(now)
     if isinstance(snapshot, Mapping):
         snapshot = Snapshot.from_dict(dict(snapshot))
     elif snapshot is not None and not isinstance(snapshot, Snapshot):
         raise ValueError(f"snapshot: expected a Snapshot or a mapping, got {type(snapshot).__name__}")
-    state_path = None
-    if isinstance(state, (str, os.PathLike)):
-        state_path = state
-    elif state is None and cfg.state_path:
-        state_path = cfg.state_path
-    if state_path is not None:
-        prev: Dict[str, Any] = load_state(state_path)
-    elif isinstance(state, Mapping):
-        prev = dict(state)
+    if isinstance(state, Mapping):
+        prev: Dict[str, Any] = dict(state)
     elif state is None:
         prev = {}
     else:
-        raise ValueError(f"state: expected a mapping, a path or None, got {type(state).__name__}")
+        raise ValueError(f"state: expected a mapping (the previous report.state) or None, got {type(state).__name__}")
 
     repaired = _repaired_at(prev.get("repaired_at"), repaired_at, now)
     catalog = _catalog(cfg)
@@ -191,6 +184,4 @@ def judge(snapshot: Union[None, Snapshot, Mapping[str, Any]] = None,
         new_state["repaired_at"] = repaired
     report = Report(findings=ctx.findings, hostname=cfg.hostname or (snapshot.hostname if snapshot else None),
                     checked_at=now, skipped=ctx.skipped, state=new_state)
-    if state_path is not None:
-        save_state(state_path, new_state)
     return report

@@ -18,60 +18,16 @@ state file they restart from zero every run, which Prometheus treats as a counte
 """
 from __future__ import annotations
 
-import math
-import os
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional
 
+from ..promtext import Writer, num
 from .kmsg_parse import parse_kmsg
 from .model import CLOCK_REASON_BITS, PROBE_FAILED, PROBE_TIMEOUT, GpuSnapshot, NvLinkInfo, Snapshot
 from .report import ACTION_ORDER, SEVERITIES, VERDICTS, Report, action_rank
-from .state import atomic_write
 
 PROM_FILE = "gpufleet_health.prom"
 NVLINK_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data")
 _SEEN_MAX = 1000  # kernel-event idents remembered so a replayed log is not counted twice
-
-Sample = Tuple[Dict[str, Any], Any]
-
-
-def _esc(v: Any) -> str:
-    return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-#: The largest magnitude a sample may have (2**63: any counter or reading NVML gives fits; beyond is hostile input).
-MAX_SAMPLE = 2 ** 63
-
-
-def _num(v: Any) -> Optional[str]:
-    """The sample value as text, or None when ``v`` is not a finite number (hostile or unreadable input)."""
-    if isinstance(v, bool):
-        return str(int(v))
-    if isinstance(v, int):  # Prometheus samples are float64: a wider integer is refused by promtool and makes
-        return str(v) if abs(v) <= MAX_SAMPLE else None  # node_exporter drop every metric of the file
-    if isinstance(v, float):
-        return repr(v) if math.isfinite(v) and abs(v) <= MAX_SAMPLE else None
-    return None
-
-
-class _Writer:
-    def __init__(self) -> None:
-        self.lines: List[str] = []
-
-    def metric(self, name: str, help_: str, typ: str, samples: Iterable[Sample], always: bool = False) -> None:
-        body = []
-        for labels, value in samples:
-            text = _num(value)
-            if text is None:
-                continue
-            lab = ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items())
-            body.append(f"{name}{{{lab}}} {text}" if lab else f"{name} {text}")
-        if body or always:
-            self.lines.append(f"# HELP {name} {help_}")
-            self.lines.append(f"# TYPE {name} {typ}")
-            self.lines.extend(body)
-
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
 
 
 # ------------------------------------------------------------------ counters kept in the state file
@@ -122,7 +78,7 @@ def prometheus_text(report: Report, snap: Optional[Snapshot], duration_s: float,
                     slurm: Optional[Dict[str, Any]] = None, counters: Optional[Mapping[str, Any]] = None,
                     now: Optional[float] = None) -> str:
     """The textfile for one check. ``counters``: the value ``update_counters`` returned (None: no counters)."""
-    w = _Writer()
+    w = Writer()
     n = {"node": node}
     verdict, action = report.verdict, report.action
     w.metric("gpufleet_health_verdict", "Node health verdict (1 for the current one).", "gauge",
@@ -174,12 +130,12 @@ def prometheus_text(report: Report, snap: Optional[Snapshot], duration_s: float,
     return w.text()
 
 
-def _probe(w: _Writer, node: str, snap: Snapshot) -> None:
+def _probe(w: Writer, node: str, snap: Snapshot) -> None:
     n = {"node": node}
     w.metric("gpufleet_health_probe_ok", "1 when the GPU probe answered (ok or partial).", "gauge",
              [({"node": node, "source": snap.source or ""}, int(snap.probe_status in ("ok", "partial")))])
     total_ms = snap.probe_durations_ms.get("total") if isinstance(snap.probe_durations_ms, Mapping) else None
-    if total_ms is not None and _num(total_ms) is not None:
+    if total_ms is not None and num(total_ms) is not None:
         w.metric("gpufleet_health_probe_duration_seconds", "Wall time of the GPU probe (NVML probes only).", "gauge",
                  [(n, float(total_ms) / 1000.0)])
     w.metric("gpufleet_health_gpus_visible", "GPUs that answered the probe.", "gauge",
@@ -193,7 +149,7 @@ def _gpu_labels(node: str, g: GpuSnapshot) -> Dict[str, Any]:
     return {"node": node, "gpu": g.index, "pci_bus_id": g.pci or ""}
 
 
-def _gpus(w: _Writer, node: str, snap: Snapshot) -> None:
+def _gpus(w: Writer, node: str, snap: Snapshot) -> None:
     w.metric("gpufleet_gpu_info", "GPU identity (always 1): UUID, model, serial, VBIOS, driver; join on node and gpu.",
              "gauge",
              [({"node": node, "gpu": g.index, "pci_bus_id": g.pci or "", "uuid": g.uuid or "",
@@ -239,7 +195,7 @@ def _gpus(w: _Writer, node: str, snap: Snapshot) -> None:
             reasons += [(dict(_gpu_labels(node, g), reason=r), int(r in active)) for r in CLOCK_REASON_BITS]
         counters_us = g.clocks_event_counters_us if isinstance(g.clocks_event_counters_us, Mapping) else {}
         for r, us in sorted(counters_us.items(), key=lambda kv: str(kv[0])):
-            if _num(us) is not None and us >= 0:
+            if num(us) is not None and us >= 0:
                 reason_time.append((dict(_gpu_labels(node, g), reason=r), us / 1e6))
     w.metric("gpufleet_gpu_clocks_event_reason", "1 when this clocks-event (throttle) reason is active now.",
              "gauge", reasons)
@@ -257,7 +213,7 @@ def _gpus(w: _Writer, node: str, snap: Snapshot) -> None:
                       (dict(_gpu_labels(node, g), state="down"), sum(1 for a in known if not a))]
         for kind in NVLINK_COUNTERS:
             values = [getattr(link, f"{kind}_errors") for link in nvlinks]
-            values = [v for v in values if _num(v) is not None]
+            values = [v for v in values if num(v) is not None]
             if values:
                 errors.append((dict(_gpu_labels(node, g), type=kind), sum(values)))
     w.metric("gpufleet_gpu_nvlink_links", "NVLink links of the GPU by state (up = active).", "gauge", links)
@@ -269,7 +225,7 @@ def _gpus(w: _Writer, node: str, snap: Snapshot) -> None:
              [(_gpu_labels(node, g), len(g.probe_errors)) for g in snap.gpus if isinstance(g.probe_errors, Mapping)])
 
 
-def _counters(w: _Writer, node: str, snap: Optional[Snapshot], counters: Mapping[str, Any]) -> None:
+def _counters(w: Writer, node: str, snap: Optional[Snapshot], counters: Mapping[str, Any]) -> None:
     n = {"node": node}
     w.metric("gpufleet_health_checks_total", "Checks run since the state file was created.", "counter",
              [(n, counters.get("checks"))])
@@ -288,57 +244,3 @@ def _counters(w: _Writer, node: str, snap: Optional[Snapshot], counters: Mapping
     w.metric("gpufleet_gpu_xid_last", "Code of the last Xid seen for this GPU (as DCGM_FI_DEV_XID_ERRORS).", "gauge",
              [({"node": node, "gpu": gpu_of.get(pci, ""), "pci_bus_id": pci}, code)
               for pci, code in sorted(last.items())])
-
-
-def write_textfile(directory: str, text: str) -> str:
-    """Write ``directory/gpufleet_health.prom`` atomically (node_exporter never reads half a file)."""
-    path = os.path.join(directory, PROM_FILE)
-    atomic_write(path, text, mode=0o644)
-    return path
-
-
-# ------------------------------------------------------------------ the repair run's textfile
-REPAIR_PROM_FILE = "gpufleet_repair.prom"
-
-
-def _rows(value: Any) -> List[Mapping[str, Any]]:
-    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, (list, tuple)) else []
-
-
-def repair_text(plan: Any, breaker: Any = None, results: Any = None, now: Optional[float] = None) -> str:
-    """Prometheus text for one repair run (``gpufleet_repair.prom``): the plan ``repair_plan`` returned (its
-    ``decisions``), the breaker state, and the step results (``node``, ``action``, ``failed``).
-
-    Anything that is not the expected shape counts as absent: a broken plan gives a file with the run's time only.
-    """
-    plan = plan if isinstance(plan, Mapping) else {}
-    decisions = _rows(plan.get("decisions"))
-    results = _rows(results)
-    w = _Writer()
-    if now is not None:
-        w.metric("gpufleet_repair_last_run_timestamp_seconds", "When the repair run planned (Unix time).", "gauge",
-                 [({}, float(now))])
-    if isinstance(breaker, Mapping):
-        w.metric("gpufleet_repair_breaker_open", "1 while the repair circuit breaker is tripped (automatic repair "
-                 "holds fleet-wide until a person resets it).", "gauge", [({}, int(bool(breaker.get("tripped"))))])
-    by_action: Dict[str, int] = {}
-    for d in decisions:
-        by_action[str(d.get("action"))] = by_action.get(str(d.get("action")), 0) + 1
-    w.metric("gpufleet_repair_decisions", "Decisions of the last repair plan by action.", "gauge",
-             [({"action": a}, c) for a, c in sorted(by_action.items())], always=True)
-    w.metric("gpufleet_repair_pending_approval", "1 for a step that waits for a person's approval.", "gauge",
-             [({"node": d.get("node"), "action": d.get("action")}, 1) for d in decisions
-              if d.get("needs_approval") and not d.get("approved")], always=True)
-    w.metric("gpufleet_repair_escalated", "1 for a node whose repair is escalated to a person.", "gauge",
-             [({"node": d.get("node")}, 1) for d in decisions
-              if d.get("action") == "escalate" or d.get("rule") == "escalated"], always=True)
-    steps: Dict[Tuple[str, str], int] = {}
-    for r in results:
-        key = (str(r.get("action")), "failed" if r.get("failed") else "ok")
-        steps[key] = steps.get(key, 0) + 1
-    w.metric("gpufleet_repair_steps", "Steps the last repair run executed, by action and outcome.", "gauge",
-             [({"action": a, "outcome": o}, c) for (a, o), c in sorted(steps.items())], always=True)
-    w.metric("gpufleet_repair_step_failed", "1 for a step that failed in the last repair run.", "gauge",
-             [({"node": r.get("node"), "action": r.get("action")}, 1) for r in results if r.get("failed")],
-             always=True)
-    return w.text()

@@ -43,7 +43,7 @@ def test_probe_healthy_fake_node():
     assert len(g.nvlinks) == 18 and all(n.active for n in g.nvlinks)
     assert g.power_limit == 700 and g.clocks_event_reasons == ["gpu_idle"]
     assert set(snap.probe_durations_ms) >= {"nvmlInit", "handle", "nvmlDeviceGetRemappedRows"}
-    assert judge(snap, config={"expected_gpus": 8}).verdict == "healthy"
+    assert judge(snap, config={"expected_gpus": 8}, now=time.time()).verdict == "healthy"
 
 
 def test_not_supported_is_skip_not_failure():
@@ -53,7 +53,7 @@ def test_not_supported_is_skip_not_failure():
     snap = nvml.probe(nvml_fake.FakeNvml({"device_defaults": {"not_supported": calls}}))
     g = snap.gpus[0]
     assert g.remapped_rows_pending is None and g.nvlinks is None and g.fabric_state is None and not g.probe_errors
-    assert judge(snap, config={"expected_gpus": 8}).verdict == "healthy"
+    assert judge(snap, config={"expected_gpus": 8}, now=time.time()).verdict == "healthy"
 
 
 def test_gpu_lost_mid_probe_is_unhealthy_with_evidence():
@@ -62,7 +62,7 @@ def test_gpu_lost_mid_probe_is_unhealthy_with_evidence():
     assert snap.probe_status == "partial"
     g = snap.gpus[5]
     assert g.lost and g.name  # some calls answered before the GPU went away
-    d = judge(snap, config={"expected_gpus": 8}).to_dict()
+    d = judge(snap, config={"expected_gpus": 8}, now=time.time()).to_dict()
     assert (d["verdict"], d["code"], d["gpu"], d["action"]) == ("unhealthy", "gpu_lost", 5, "reboot")
     assert "NVMLError_GpuIsLost(15)" in d["findings"][0]["evidence"][0]
 
@@ -80,7 +80,7 @@ def test_hung_probe_returns_unknown_within_the_deadline():
     elapsed = time.monotonic() - t0
     assert 0.9 <= elapsed < 1.0 + DEADLINE_SLACK_S  # waited for the deadline, and not much longer
     assert snap.probe_status == "timeout" and "1 s" in snap.probe_error
-    r = judge(snap)
+    r = judge(snap, now=time.time())
     assert (r.verdict, r.code) == ("unknown", "probe_timeout")
     # nvmlInit hanging (go-nvml#152) is the same
     t0 = time.monotonic()
@@ -104,14 +104,14 @@ def test_stuck_previous_probe_blocks_a_second_one(tmp_path):
 def test_init_errors(error, code):
     snap = nvml.probe_with_deadline(5, fake_nvml={"init_error": error})
     assert snap.probe_status == "failed" and f"NVMLError_{error}" in snap.probe_error
-    assert judge(snap).code == code
+    assert judge(snap, now=time.time()).code == code
 
 
 def test_reset_required_and_recovery_action():
     snap = nvml.probe(nvml_fake.FakeNvml({"devices": [{"index": 0, "recovery_action": 4},
                                                       {"index": 1, "remapped_rows": [0, 3, 1, 0]},
                                                       {"index": 2, "nvlink_down": [7]}]}))
-    codes = {(f.code, f.gpu) for f in judge(snap).findings}
+    codes = {(f.code, f.gpu) for f in judge(snap, now=time.time()).findings}
     assert {("recovery_action", 0), ("row_remap_pending", 1), ("nvlink_down", 2)} <= codes
 
 
@@ -147,8 +147,8 @@ def test_recorded_snapshot_replays_through_the_live_path(name):
     replay = nvml.probe(nvml_fake.FakeNvml(cfg))
     assert [g.pci for g in replay.gpus] == [g.pci for g in xml_snap.gpus]
     assert [g.lost for g in replay.gpus] == [g.lost for g in xml_snap.gpus]
-    a, b = judge(xml_snap, config={"expected_gpus": len(xml_snap.gpus)}), judge(replay, config={
-        "expected_gpus": len(xml_snap.gpus)})
+    a, b = judge(xml_snap, config={"expected_gpus": len(xml_snap.gpus)}, now=time.time()), judge(replay, config={
+        "expected_gpus": len(xml_snap.gpus)}, now=time.time())
     assert (a.verdict, a.code) == (b.verdict, b.code)
 
 
@@ -157,7 +157,7 @@ def test_live_pynvml_on_this_machine():
     healthy); on a GPU machine the probe succeeds."""
     snap = nvml.probe_with_deadline(20)
     if snap.probe_status == "failed":
-        assert snap.probe_error_code in (9, 12) and judge(snap).verdict == "unhealthy"
+        assert snap.probe_error_code in (9, 12) and judge(snap, now=time.time()).verdict == "unhealthy"
     else:
         assert snap.probe_status in ("ok", "partial") and snap.gpus
     assert sys.modules.get("pynvml") is pynvml

@@ -1,6 +1,8 @@
 """Acceptance: every capture in tests/fixtures/gpu/ gets the verdict and action its README names."""
 from __future__ import annotations
 
+import time
+
 import pytest
 from health_fixtures import GPU_FIXTURES, blocks, load
 
@@ -29,6 +31,7 @@ EXPECTED = {
 
 
 def judge_file(name, **kw):
+    kw.setdefault("now", time.time())
     text = load(name)
     if name.endswith(".xml"):
         return judge(read_nvidia_smi_xml(text), **kw)
@@ -86,13 +89,13 @@ def test_gb200_lost_gpu1():
     name = "gb200-2gpu-580.65.06-gpu1-lost.MOCK.nvidia-smi-q-x.xml"
     snap = read_nvidia_smi_xml(load(name))
     assert [g.lost for g in snap.gpus] == [False, True]
-    d = judge(snap, config={"expected_gpus": 2}).to_dict()
+    d = judge(snap, config={"expected_gpus": 2}, now=time.time()).to_dict()
     assert d["verdict"] == "unhealthy"
     lost = [f for f in d["findings"] if f["code"] == "gpu_lost"]
     assert lost and lost[0]["gpu"] == 1 and lost[0]["action"] == "reboot"
     assert lost[0]["evidence"] and "GPU is lost" in " ".join(lost[0]["evidence"])
     assert any(f["code"] == "gpu_missing" for f in d["findings"])
-    d2 = judge(snap, config={"expected_gpus": 2, "skip_checks": ["ecc", "row_remap"]}).to_dict()
+    d2 = judge(snap, config={"expected_gpus": 2, "skip_checks": ["ecc", "row_remap"]}, now=time.time()).to_dict()
     assert (d2["verdict"], d2["action"], d2["code"], d2["gpu"]) == ("unhealthy", "reboot", "gpu_lost", 1)
 
 
@@ -117,6 +120,6 @@ EXPECTED_ERRORS = {
 def test_probe_failure_strings(src, text):
     key = next(k for k in EXPECTED_ERRORS if k in src)
     verdict, action, code = EXPECTED_ERRORS[key]
-    d = judge(read_nvidia_smi_text(text)).to_dict()
+    d = judge(read_nvidia_smi_text(text), now=time.time()).to_dict()
     assert (d["verdict"], d["action"], d["code"]) == (verdict, action, code), d["summary"]
     assert d["findings"][0]["evidence"]

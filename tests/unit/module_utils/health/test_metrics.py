@@ -17,6 +17,7 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.health.smi im
     read_nvidia_smi_text,
     read_nvidia_smi_xml,
 )
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import metrics as repair_metrics
 
 DOCS = Path(__file__).resolve().parents[4] / "docs" / "health.md"
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$')
@@ -235,7 +236,7 @@ def test_repair_text():
         {"node": 'gpu"4\n', "action": "reset_gpu", "needs_approval": True, "approved": True, "runnable": True},
         "garbage"]}
     results = [{"node": 'gpu"4\n', "action": "reset_gpu", "failed": True}, {"node": "gpu5", "action": "resume"}, 7]
-    text = metrics.repair_text(plan, {"tripped": True}, results, now=1_800_000_000.0)
+    text = repair_metrics.repair_text(plan, {"tripped": True}, results, now=1_800_000_000.0)
     p = promtool(text)
     assert p.returncode == 0, p.stdout + p.stderr
     assert values(text, "gpufleet_repair_breaker_open") == [1]
@@ -246,10 +247,10 @@ def test_repair_text():
     assert values(text, "gpufleet_repair_steps", action="resume", outcome="ok") == [1]
     assert values(text, "gpufleet_repair_decisions", action="hold") == [1]
     assert values(text, "gpufleet_repair_last_run_timestamp_seconds") == [1.8e9]
-    quiet = metrics.repair_text({"decisions": []}, {"tripped": False}, [], now=1.0)
+    quiet = repair_metrics.repair_text({"decisions": []}, {"tripped": False}, [], now=1.0)
     assert promtool(quiet).returncode == 0 and values(quiet, "gpufleet_repair_breaker_open") == [0]
     assert "gpufleet_repair_step_failed{" not in quiet
-    assert promtool(metrics.repair_text("broken", None, None)).returncode == 0
+    assert promtool(repair_metrics.repair_text("broken", None, None)).returncode == 0
 
 
 @pytest.mark.parametrize("field,value", [

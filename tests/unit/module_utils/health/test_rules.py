@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 from health_fixtures import h100, node
@@ -16,6 +17,7 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.health import
     Snapshot,
     judge,
 )
+from ansible_collections.gpufleet.reliability.plugins.module_utils.statefile import load_state, save_state
 
 
 def codes(r):
@@ -227,19 +229,29 @@ def test_dated_events_age_out_and_latest_mode():
     assert judge(None, [line], config={"events_as_of": "latest"}, now=2_000_000_000).verdict == "unhealthy"
 
 
-def test_state_file_is_written_atomically(tmp_path):
+def test_state_file_is_written_atomically_by_the_adapter(tmp_path):
     path = tmp_path / "sub" / "state.json"
-    r = judge(node(), state=str(path), now=10)
+    r = judge(node(), state=load_state(path), now=10)
+    save_state(path, r.state)
     data = json.loads(path.read_text())
     assert data["version"] == 1 and "gpus" in data
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
     assert not [p for p in path.parent.iterdir() if p.name != "state.json"]
     path.write_text("{corrupt")
-    assert judge(node(), state=str(path), now=20).verdict == r.verdict
-    assert json.loads(path.read_text())["version"] == 1
-    # config state_path does the same
-    judge(node(), config={"state_path": str(tmp_path / "c.json")}, now=30)
-    assert (tmp_path / "c.json").exists()
+    assert load_state(path) == {}  # a corrupt file is "no previous run"
+    assert judge(node(), state=load_state(path), now=20).verdict == r.verdict
+
+
+def test_the_brain_reads_no_file_and_no_clock(tmp_path):
+    """judge() is given the previous state and the time; a path or a missing time is refused, naming the field."""
+    with pytest.raises(ValueError, match=r"^state: expected a mapping \(the previous report.state\) or None"):
+        judge(node(), state=str(tmp_path / "state.json"), now=10)
+    assert not (tmp_path / "state.json").exists()
+    for bad in (None, float("nan"), "10", True):
+        with pytest.raises(ValueError, match=r"^now: expected epoch seconds"):
+            judge(node(), now=bad)
+    with pytest.raises(ValueError, match=r"^config: unknown key\(s\) state_path"):
+        judge(node(), config={"state_path": str(tmp_path / "c.json")}, now=30)
 
 
 def test_overrides_and_skips():
@@ -281,4 +293,4 @@ def test_snapshot_as_dict_and_kernel_events_objects():
     r = judge(node().to_dict(), [ev], now=200)
     assert r.code == "xid79" and r.gpu == 0
     with pytest.raises(ValueError, match="snapshot: unknown field"):
-        judge({"gpus": [], "bogus": 1})
+        judge({"gpus": [], "bogus": 1}, now=time.time())

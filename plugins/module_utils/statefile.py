@@ -1,9 +1,11 @@
 # Copyright (c) gpufleet.reliability contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The small state file carried between runs (counters for rates, remembered severe events).
+"""The health check's state file, carried between runs (counters for rates, remembered severe events, the agent's
+kernel-log cursor and metrics counters). An adapter: the health brain is given the state as a mapping and returns
+the next one (``Report.state``); the bodies (the node agent, the gpu_health module) read and write the file here.
 
-Written atomically (temp file in the same directory, fsync, os.replace). A missing, unreadable or corrupt
-file is treated as "no previous run": rates start again, nothing fails.
+Written atomically (temp file in the same directory, fsync, os.replace), its directory made on first use. A
+missing, unreadable or corrupt file is treated as "no previous run": rates start again, nothing fails.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import json
 import os
 from typing import Any, Dict, Union
 
-from ..fileutil import atomic_write as _atomic_write
+from .fileutil import atomic_write as _atomic_write
 
 STATE_VERSION = 1
 
@@ -28,7 +30,7 @@ def load_state(path: Union[str, os.PathLike[str]]) -> Dict[str, Any]:
 
 
 def atomic_write(path: Union[str, os.PathLike[str]], text: str, mode: int = 0o644) -> None:
-    """fileutil.atomic_write, creating the state directory on first use."""
+    """fileutil.atomic_write, creating the directory on first use (state, report and textfile of the agent)."""
     _atomic_write(path, text, mode, makedirs=True)
 
 
