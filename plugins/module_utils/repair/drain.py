@@ -28,7 +28,7 @@ from typing import Any, Dict, Iterable, List, Optional
 from ..slurmfacts import IN_MAINTENANCE, SPARE_REASON, in_maintenance
 from .config import RepairConfig
 from .fleet import _get, build_inputs, domains_of, out_of_service
-from .limits import Limits, breaker_threshold
+from .limits import Limits, breaker_trips
 from .model import RepairError
 from .state import FleetSummary, NodeState
 
@@ -185,13 +185,10 @@ def drain_verdict(me: NodeState, fl: FleetSummary, before: Iterable[Any], config
         since = now - config.breaker_window_s
         prefix = config.reason_prefix
         recent = [n for n in before if str(_get(n, "reason") or "").startswith(prefix) and _recent(n, since)]
-        threshold = breaker_threshold(config, fl.total)
-        if len(recent) + 1 >= threshold:
-            brk = (
-                f"circuit breaker tripped: {len(recent) + 1} nodes drained by gpufleet within "
-                f"{config.breaker_window_s:g}s (threshold {threshold} of {fl.total}); warning drains stop, "
-                "nodes that cannot run jobs are still drained; a person must look"
-            )
+        why = breaker_trips(config, fl.total, len(recent) + 1, "nodes drained by gpufleet")
+        if why is not None:
+            brk = (f"circuit breaker tripped: {why}; warning drains stop, nodes that cannot run jobs are still "
+                   "drained; a person must look")
     detail = "cannot run jobs now: drained at once"
     if block:
         detail += f" (counts against the limits: {block})"

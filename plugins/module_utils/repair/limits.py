@@ -34,6 +34,19 @@ def breaker_threshold(config: RepairConfig, total: int) -> int:
     return max(config.breaker_min_nodes, int(math.ceil(config.breaker_fraction * total - 1e-9)))
 
 
+def breaker_trips(config: RepairConfig, total: int, count: int, what: str) -> Optional[str]:
+    """The circuit breaker, counted in one place: None while ``count`` nodes within the breaker window stay below
+    the threshold for a fleet of ``total``, else why it trips (``what`` names what was counted, e.g. "nodes
+    failed"). The repair plan counts nodes whose failure was first seen in the window, the node agent nodes
+    drained by us in it (plus its own); both ask here."""
+    if not config.breaker_enabled:
+        return None
+    threshold = breaker_threshold(config, total)
+    if count < threshold:
+        return None
+    return f"{count} {what} within {config.breaker_window_s:g}s (threshold {threshold} of {total})"
+
+
 def budget_free_at(history: History, config: RepairConfig, now: float) -> Optional[float]:
     """When the node's retry budget has a free slot again; None when it has one now.
 

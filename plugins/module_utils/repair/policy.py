@@ -39,7 +39,7 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 from .classify import NO_REPORT, check_report
 from .config import RepairConfig
 from .history import History
-from .limits import Limits, breaker_threshold
+from .limits import Limits, breaker_trips
 from .model import ACTIONS, REPAIR_STEPS, BreakerState, Decision, Plan, RepairError
 from .rules import Approvals, Case, breaker_in_slurm, decide, held_reason
 from .state import FleetSummary, NodeState
@@ -172,15 +172,9 @@ def plan(
         failing = sorted(
             p[0].name for p in prepared if p[2] in _UNHEALTHY and p[6] >= since and p[0].name not in problems
         )
-        threshold = breaker_threshold(config, fl.total)
-        if len(failing) >= threshold:
-            brk = BreakerState(
-                tripped=True,
-                since=float(now),
-                nodes=failing,
-                reason=f"{len(failing)} nodes failed within {config.breaker_window_s:g}s "
-                f"(threshold {threshold} of {fl.total})",
-            )
+        why = breaker_trips(config, fl.total, len(failing), "nodes failed")
+        if why is not None:
+            brk = BreakerState(tripped=True, since=float(now), nodes=failing, reason=why)
     if brk.tripped:
         notes.append(f"circuit breaker tripped: {brk.reason}; all automation holds until a person resets it")
 
