@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 from .catalog import Catalog
 from .config import Config
 from .kmsg_parse import gpc_tpc_of, group_bursts, recovery_action_of, reset_flags_of
-from .model import PROBE_FAILED, PROBE_TIMEOUT, GpuSnapshot, KernelEvent, Snapshot
+from .model import PROBE_FAILED, PROBE_TIMEOUT, GpuSnapshot, KernelEvent, NvLinkInfo, Snapshot
 from .profiles import GpuProfile
 from .report import Finding
 
@@ -123,8 +123,9 @@ def _rate(ctx: Ctx, prev: Dict[str, Any], key: str, value: Optional[float], t: f
 
 
 def check_gpu(ctx: Ctx, snap: Snapshot, g: GpuSnapshot, prof: Optional[GpuProfile], node_throttle: Set[int]) -> None:
-    cfg, t = ctx.cfg, ctx.t
-    i, pci = g.index, g.pci
+    """Every per-GPU check that is on, in a fixed order (the order of the findings); the counters for rates go into
+    this GPU's next state (``ctx.new_gpus``)."""
+    on = ctx.cfg.on
     key = gpu_key(g)
     prev = ctx.prev_gpus.get(key) or {}
     ts = snap.timestamp if snap.timestamp is not None else ctx.now
@@ -132,160 +133,214 @@ def check_gpu(ctx: Ctx, snap: Snapshot, g: GpuSnapshot, prof: Optional[GpuProfil
     ctx.new_gpus[key] = new
 
     if g.lost:
-        if cfg.on("gpu_lost"):
-            ctx.add("gpu_lost", "critical", "GPU is lost (not reachable through NVML)", "reboot", "gpu_lost", i,
-                    [f"{k}: {v}" for k, v in sorted(g.probe_errors.items())] or ["lost"], pci)
+        if on("gpu_lost"):
+            ctx.add("gpu_lost", "critical", "GPU is lost (not reachable through NVML)", "reboot", "gpu_lost", g.index,
+                    [f"{k}: {v}" for k, v in sorted(g.probe_errors.items())] or ["lost"], g.pci)
         return
-    errs = " ".join(g.probe_errors.values())
-    if cfg.on("gpu_lost"):
-        if "ResetRequired" in errs or "requires reset" in errs.lower():
-            ctx.add("gpu_lost", "critical", "NVML reports the GPU requires a reset", "reset_gpu",
-                    "gpu_reset_required", i, list(g.probe_errors.values()), pci)
-        if "CorruptedInforom" in errs or "infoROM is corrupted" in errs:
-            ctx.add("gpu_lost", "critical", "InfoROM corrupted", "replace", "inforom_corrupted", i,
-                    list(g.probe_errors.values()), pci)
-
-    if cfg.on("recovery_action"):
-        ra = g.recovery_action
-        if ra:
-            name, sev, act = ctx.catalog.recovery_action(ra)
-            ctx.add("recovery_action", sev, f"GPU requests recovery action: {name}", act, "recovery_action", i,
-                    [f"gpu_recovery_action={ra} ({name})"], pci)
-        if g.reset_required:
-            ctx.add("recovery_action", "critical", "driver reports GPU reset required", "reset_gpu", "reset_required",
-                    i, ["reset_required=Yes"], pci)
-        elif g.drain_and_reset_recommended:
-            ctx.add("recovery_action", "critical", "driver recommends drain and reset", "reset_gpu",
-                    "drain_and_reset", i, ["drain_and_reset_recommended=Yes"], pci)
-
-    if cfg.on("ecc"):
-        if g.ecc_volatile_dbe:
-            ctx.add("ecc", "critical", f"{g.ecc_volatile_dbe} uncorrectable ECC error(s) since the last reset",
-                    "reset_gpu", "ecc_dbe", i, [f"ecc_volatile_uncorrectable={g.ecc_volatile_dbe}"], pci)
-        r = _rate(ctx, prev, "sbe", g.ecc_volatile_sbe, ts)
-        if r and r[0] / (r[1] / 3600.0) > t["ecc_sbe_volatile_per_h"]:
-            ctx.add("ecc", "warning", f"correctable ECC errors at {r[0] / (r[1] / 3600.0):.0f}/h", "monitor",
-                    "ecc_sbe_rate", i, [f"delta={r[0]:.0f} over {r[1]:.0f}s"], pci)
-        if g.ecc_aggregate_sbe is not None and g.ecc_aggregate_sbe > t["ecc_sbe_aggregate_max"]:
-            ctx.add("ecc", "warning", f"{g.ecc_aggregate_sbe} correctable ECC errors over the GPU's life", "monitor",
-                    "ecc_sbe_aggregate", i, [f"ecc_aggregate_correctable={g.ecc_aggregate_sbe}"], pci)
-        if g.ecc_enabled is False and (prof is None or prof.ecc_expected):
-            ctx.add("ecc", "warning", "ECC is disabled", "monitor", "ecc_disabled", i, ["ecc_mode=Disabled"], pci)
-        elif g.ecc_enabled is not None and g.ecc_pending_enabled is not None and \
-                g.ecc_enabled != g.ecc_pending_enabled:
-            ctx.add("ecc", "warning", "ECC mode change pending (needs a GPU reset or reboot)", "reset_gpu",
-                    "ecc_mode_pending", i, [f"current={g.ecc_enabled} pending={g.ecc_pending_enabled}"], pci)
-        if g.sram_threshold_exceeded:
-            ctx.add("ecc", "critical", "SRAM uncorrectable error threshold exceeded (field diagnostics / RMA)",
-                    "replace", "sram_threshold", i, ["sram_threshold_exceeded=Yes"], pci)
+    if on("gpu_lost"):
+        _check_nvml_errors(ctx, g)
+    if on("recovery_action"):
+        _check_recovery_action(ctx, g)
+    if on("ecc"):
+        _check_ecc(ctx, g, prof, prev, ts)
     new["sbe"] = g.ecc_volatile_sbe
-
-    if cfg.on("retired_pages"):
-        total = (g.retired_pages_sbe or 0) + (g.retired_pages_dbe or 0)
-        if g.retired_pages_pending:
-            ctx.add("retired_pages", "critical", "page retirement pending (reset to retire)", "reset_gpu",
-                    "retired_pages_pending", i, ["pending_retirement=Yes"], pci)
-        if total > t["retired_pages_max"] or (g.retired_pages_dbe or 0) > t["retired_pages_dbe_max"]:
-            ctx.add("retired_pages", "critical", f"{total} retired pages ({g.retired_pages_dbe or 0} from DBE)",
-                    "replace", "retired_pages_limit", i,
-                    [f"sbe={g.retired_pages_sbe}", f"dbe={g.retired_pages_dbe}"], pci)
-
-    if cfg.on("row_remap"):
-        if g.remapped_rows_failure:
-            ctx.add("row_remap", "critical", "row remapping failed (bank out of spare rows): RMA", "replace",
-                    "row_remap_failure", i, ["remapped_row_failure=Yes"], pci)
-        if g.remapped_rows_pending:
-            ctx.add("row_remap", "critical", "row remap pending: drain and reset the GPU", "reset_gpu",
-                    "row_remap_pending", i, ["remapped_row_pending=Yes",
-                                             f"uncorrectable_rows={g.remapped_rows_uncorrectable}"], pci)
-        if g.remapped_rows_uncorrectable is not None and g.remapped_rows_uncorrectable >= t["remapped_rows_unc_warn"]:
-            ctx.add("row_remap", "warning", f"{g.remapped_rows_uncorrectable} rows remapped for uncorrectable errors",
-                    "monitor", "row_remap_many", i, [f"remapped_row_unc={g.remapped_rows_uncorrectable}"], pci)
-
-    if cfg.on("temperature"):
-        _check_temperature(ctx, g, i, pci)
-
-    throttled = None
-    if cfg.on("clocks"):
-        throttled = _throttle_reason(ctx, g, prev, new, ts)
-    _persist_throttle(ctx, g, prev, new, throttled, ts, i, pci, node_throttle)
-
-    if cfg.on("power"):
-        if g.power_draw is not None and g.power_limit and \
-                g.power_draw > g.power_limit * (1 + t["power_over_limit_pct"] / 100.0):
-            ctx.add("power", "warning", f"power draw {g.power_draw:.0f} W above the {g.power_limit:.0f} W limit",
-                    "monitor", "power_over_limit", i, [f"draw={g.power_draw} limit={g.power_limit}"], pci)
-        default = g.power_default_limit or (prof.power_default_w if prof else None)
-        if g.power_limit and default and g.power_limit < default * (1 - t["power_cap_pct"] / 100.0):
-            ctx.add("power", "warning", f"power limit {g.power_limit:.0f} W below the default {default:.0f} W "
-                    "(capped by someone?)", "monitor", "power_capped", i,
-                    [f"limit={g.power_limit} default={default}"], pci)
-
-    if cfg.on("pcie_link"):
-        if g.pcie_width_current and g.pcie_width_max and g.pcie_width_current < g.pcie_width_max:
-            ctx.add("pcie_link", "warning", f"PCIe link x{g.pcie_width_current} below its x{g.pcie_width_max}",
-                    "reboot", "pcie_width", i, [f"width={g.pcie_width_current}/{g.pcie_width_max}"], pci)
-        if g.pcie_gen_current and g.pcie_gen_max and g.pcie_gen_current < g.pcie_gen_max and _busy(ctx, g):
-            ctx.add("pcie_link", "warning", f"PCIe Gen{g.pcie_gen_current} under load, link supports "
-                    f"Gen{g.pcie_gen_max}", "monitor", "pcie_gen", i,
-                    [f"gen={g.pcie_gen_current}/{g.pcie_gen_max}", f"util={g.utilization_gpu}"], pci)
-    if cfg.on("pcie_replay"):
-        r = _rate(ctx, prev, "replay", g.pcie_replay_counter, ts)
-        if r:
-            gen = g.pcie_gen_max or g.pcie_gen_current or (prof.pcie_gen if prof else 5)
-            gen = min(max(int(gen), 3), 6)
-            width = g.pcie_width_current or g.pcie_width_max or 16
-            limit = t[f"pcie_replay_per_min_gen{gen}"] * width / 16.0
-            per_min = r[0] / (r[1] / 60.0)
-            if per_min > limit:
-                ctx.add("pcie_replay", "warning", f"PCIe replays at {per_min:.1f}/min (limit {limit:.0f}/min at "
-                        f"Gen{gen} x{width})", "monitor", "pcie_replay", i,
-                        [f"replay_counter={g.pcie_replay_counter}", f"delta={r[0]:.0f} over {r[1]:.0f}s"], pci)
+    if on("retired_pages"):
+        _check_retired_pages(ctx, g)
+    if on("row_remap"):
+        _check_row_remap(ctx, g)
+    if on("temperature"):
+        _check_temperature(ctx, g, g.index, g.pci)
+    throttled = _throttle_reason(ctx, g, prev, new, ts) if on("clocks") else None
+    _persist_throttle(ctx, g, prev, new, throttled, ts, g.index, g.pci, node_throttle)
+    if on("power"):
+        _check_power(ctx, g, prof)
+    if on("pcie_link"):
+        _check_pcie_link(ctx, g)
+    if on("pcie_replay"):
+        _check_pcie_replay(ctx, g, prof, prev, ts)
     new["replay"] = g.pcie_replay_counter
+    if on("nvlink") and g.nvlinks is not None:
+        new["nvl"] = _check_nvlink(ctx, g, g.nvlinks, prof, prev, ts)
+    if on("persistence") and g.persistence_mode is False:
+        _check_persistence(ctx, g)
+    if on("fabric") and g.fabric_state is not None:
+        _check_fabric(ctx, g, g.fabric_state)
 
-    if cfg.on("nvlink") and g.nvlinks is not None:
-        down = [n.link for n in g.nvlinks if n.active is False]
-        if down and (prof is None or prof.nvlinks > 0):
-            ctx.add("nvlink", "critical", f"NVLink link(s) {', '.join(map(str, down))} inactive", "reset_gpu",
-                    "nvlink_down", i, [f"inactive={down}", f"links={len(g.nvlinks)}"], pci)
-        nv_prev = prev.get("nvl") or {}
-        nv_new = {}
-        for n in g.nvlinks:
-            for attr in ("replay_errors", "recovery_errors", "crc_flit_errors", "crc_data_errors"):
-                v = getattr(n, attr)
-                if v is None:
-                    continue
-                k = f"{n.link}:{attr}"
-                nv_new[k] = v
-                old = nv_prev.get(k)
-                if old is None or prev.get("t") is None or v < old:
-                    continue
-                dt = max(ts - float(prev["t"]), 1e-6)
-                if attr == "recovery_errors" and v > old:
-                    ctx.add("nvlink", "warning", f"NVLink {n.link} recovered {v - old} time(s) since the last run",
-                            "monitor", "nvlink_recovery", i, [f"link {n.link} recovery {old}->{v}"], pci)
-                elif attr.startswith("crc") and (v - old) / dt > t["nvlink_crc_per_s"]:
-                    ctx.add("nvlink", "critical", f"NVLink {n.link} CRC errors at {(v - old) / dt:.0f}/s",
-                            "reset_gpu", "nvlink_crc", i, [f"link {n.link} {attr} {old}->{v}"], pci)
-        new["nvl"] = nv_new
 
-    if cfg.on("persistence") and g.persistence_mode is False:
-        sev = "warning" if cfg.require_persistence else "info"
-        ctx.add("persistence", sev, "persistence mode off (slow NVML init; enable nvidia-persistenced)",
-                "monitor" if sev == "warning" else "none", "persistence_off", i, ["persistence_mode=Disabled"], pci)
+def _check_nvml_errors(ctx: Ctx, g: GpuSnapshot) -> None:
+    """Errors NVML gave while probing: a reset required, a corrupted InfoROM."""
+    i, pci = g.index, g.pci
+    errs = " ".join(g.probe_errors.values())
+    if "ResetRequired" in errs or "requires reset" in errs.lower():
+        ctx.add("gpu_lost", "critical", "NVML reports the GPU requires a reset", "reset_gpu",
+                "gpu_reset_required", i, list(g.probe_errors.values()), pci)
+    if "CorruptedInforom" in errs or "infoROM is corrupted" in errs:
+        ctx.add("gpu_lost", "critical", "InfoROM corrupted", "replace", "inforom_corrupted", i,
+                list(g.probe_errors.values()), pci)
 
-    if cfg.on("fabric") and g.fabric_state is not None:
-        state, status = g.fabric_state, g.fabric_status
-        if state.lower() == "in progress":
-            ctx.add("fabric", "warning", "fabric registration in progress", "monitor", "fabric_in_progress", i,
-                    [f"state={state}", f"status={status}"], pci)
-        elif state.lower() != "completed" or (status is not None and status.lower() != "success"):
-            ctx.add("fabric", "critical", f"fabric state {state}/{status} (fabric manager / NVSwitch)", "reset_gpu",
-                    "fabric", i, [f"state={state}", f"status={status}"], pci)
-        bad = sorted(k for k, v in g.fabric_health.items() if v and v.lower() in ("true", "yes", "degraded"))
-        if bad:
-            ctx.add("fabric", "warning", f"fabric health: {', '.join(bad)}", "monitor", "fabric_health", i,
-                    [f"{k}={g.fabric_health[k]}" for k in bad], pci)
+
+def _check_recovery_action(ctx: Ctx, g: GpuSnapshot) -> None:
+    """The driver's recovery action, reset required, drain and reset recommended."""
+    i, pci = g.index, g.pci
+    ra = g.recovery_action
+    if ra:
+        name, sev, act = ctx.catalog.recovery_action(ra)
+        ctx.add("recovery_action", sev, f"GPU requests recovery action: {name}", act, "recovery_action", i,
+                [f"gpu_recovery_action={ra} ({name})"], pci)
+    if g.reset_required:
+        ctx.add("recovery_action", "critical", "driver reports GPU reset required", "reset_gpu", "reset_required",
+                i, ["reset_required=Yes"], pci)
+    elif g.drain_and_reset_recommended:
+        ctx.add("recovery_action", "critical", "driver recommends drain and reset", "reset_gpu",
+                "drain_and_reset", i, ["drain_and_reset_recommended=Yes"], pci)
+
+
+def _check_ecc(ctx: Ctx, g: GpuSnapshot, prof: Optional[GpuProfile], prev: Dict[str, Any], ts: float) -> None:
+    """ECC: uncorrectable errors, the correctable rate and lifetime count, ECC off or pending, SRAM threshold."""
+    t, i, pci = ctx.t, g.index, g.pci
+    if g.ecc_volatile_dbe:
+        ctx.add("ecc", "critical", f"{g.ecc_volatile_dbe} uncorrectable ECC error(s) since the last reset",
+                "reset_gpu", "ecc_dbe", i, [f"ecc_volatile_uncorrectable={g.ecc_volatile_dbe}"], pci)
+    r = _rate(ctx, prev, "sbe", g.ecc_volatile_sbe, ts)
+    if r and r[0] / (r[1] / 3600.0) > t["ecc_sbe_volatile_per_h"]:
+        ctx.add("ecc", "warning", f"correctable ECC errors at {r[0] / (r[1] / 3600.0):.0f}/h", "monitor",
+                "ecc_sbe_rate", i, [f"delta={r[0]:.0f} over {r[1]:.0f}s"], pci)
+    if g.ecc_aggregate_sbe is not None and g.ecc_aggregate_sbe > t["ecc_sbe_aggregate_max"]:
+        ctx.add("ecc", "warning", f"{g.ecc_aggregate_sbe} correctable ECC errors over the GPU's life", "monitor",
+                "ecc_sbe_aggregate", i, [f"ecc_aggregate_correctable={g.ecc_aggregate_sbe}"], pci)
+    if g.ecc_enabled is False and (prof is None or prof.ecc_expected):
+        ctx.add("ecc", "warning", "ECC is disabled", "monitor", "ecc_disabled", i, ["ecc_mode=Disabled"], pci)
+    elif g.ecc_enabled is not None and g.ecc_pending_enabled is not None and \
+            g.ecc_enabled != g.ecc_pending_enabled:
+        ctx.add("ecc", "warning", "ECC mode change pending (needs a GPU reset or reboot)", "reset_gpu",
+                "ecc_mode_pending", i, [f"current={g.ecc_enabled} pending={g.ecc_pending_enabled}"], pci)
+    if g.sram_threshold_exceeded:
+        ctx.add("ecc", "critical", "SRAM uncorrectable error threshold exceeded (field diagnostics / RMA)",
+                "replace", "sram_threshold", i, ["sram_threshold_exceeded=Yes"], pci)
+
+
+def _check_retired_pages(ctx: Ctx, g: GpuSnapshot) -> None:
+    """Retired pages: pending retirement, too many retired."""
+    t, i, pci = ctx.t, g.index, g.pci
+    total = (g.retired_pages_sbe or 0) + (g.retired_pages_dbe or 0)
+    if g.retired_pages_pending:
+        ctx.add("retired_pages", "critical", "page retirement pending (reset to retire)", "reset_gpu",
+                "retired_pages_pending", i, ["pending_retirement=Yes"], pci)
+    if total > t["retired_pages_max"] or (g.retired_pages_dbe or 0) > t["retired_pages_dbe_max"]:
+        ctx.add("retired_pages", "critical", f"{total} retired pages ({g.retired_pages_dbe or 0} from DBE)",
+                "replace", "retired_pages_limit", i,
+                [f"sbe={g.retired_pages_sbe}", f"dbe={g.retired_pages_dbe}"], pci)
+
+
+def _check_row_remap(ctx: Ctx, g: GpuSnapshot) -> None:
+    """Row remapping: failed, pending, many rows remapped."""
+    t, i, pci = ctx.t, g.index, g.pci
+    if g.remapped_rows_failure:
+        ctx.add("row_remap", "critical", "row remapping failed (bank out of spare rows): RMA", "replace",
+                "row_remap_failure", i, ["remapped_row_failure=Yes"], pci)
+    if g.remapped_rows_pending:
+        ctx.add("row_remap", "critical", "row remap pending: drain and reset the GPU", "reset_gpu",
+                "row_remap_pending", i, ["remapped_row_pending=Yes",
+                                         f"uncorrectable_rows={g.remapped_rows_uncorrectable}"], pci)
+    if g.remapped_rows_uncorrectable is not None and g.remapped_rows_uncorrectable >= t["remapped_rows_unc_warn"]:
+        ctx.add("row_remap", "warning", f"{g.remapped_rows_uncorrectable} rows remapped for uncorrectable errors",
+                "monitor", "row_remap_many", i, [f"remapped_row_unc={g.remapped_rows_uncorrectable}"], pci)
+
+
+def _check_power(ctx: Ctx, g: GpuSnapshot, prof: Optional[GpuProfile]) -> None:
+    """Power: draw above the limit, the limit capped below the default."""
+    t, i, pci = ctx.t, g.index, g.pci
+    if g.power_draw is not None and g.power_limit and \
+            g.power_draw > g.power_limit * (1 + t["power_over_limit_pct"] / 100.0):
+        ctx.add("power", "warning", f"power draw {g.power_draw:.0f} W above the {g.power_limit:.0f} W limit",
+                "monitor", "power_over_limit", i, [f"draw={g.power_draw} limit={g.power_limit}"], pci)
+    default = g.power_default_limit or (prof.power_default_w if prof else None)
+    if g.power_limit and default and g.power_limit < default * (1 - t["power_cap_pct"] / 100.0):
+        ctx.add("power", "warning", f"power limit {g.power_limit:.0f} W below the default {default:.0f} W "
+                "(capped by someone?)", "monitor", "power_capped", i,
+                [f"limit={g.power_limit} default={default}"], pci)
+
+
+def _check_pcie_link(ctx: Ctx, g: GpuSnapshot) -> None:
+    """The PCIe link: narrower than it can be, a lower generation under load."""
+    i, pci = g.index, g.pci
+    if g.pcie_width_current and g.pcie_width_max and g.pcie_width_current < g.pcie_width_max:
+        ctx.add("pcie_link", "warning", f"PCIe link x{g.pcie_width_current} below its x{g.pcie_width_max}",
+                "reboot", "pcie_width", i, [f"width={g.pcie_width_current}/{g.pcie_width_max}"], pci)
+    if g.pcie_gen_current and g.pcie_gen_max and g.pcie_gen_current < g.pcie_gen_max and _busy(ctx, g):
+        ctx.add("pcie_link", "warning", f"PCIe Gen{g.pcie_gen_current} under load, link supports "
+                f"Gen{g.pcie_gen_max}", "monitor", "pcie_gen", i,
+                [f"gen={g.pcie_gen_current}/{g.pcie_gen_max}", f"util={g.utilization_gpu}"], pci)
+
+
+def _check_pcie_replay(ctx: Ctx, g: GpuSnapshot, prof: Optional[GpuProfile], prev: Dict[str, Any], ts: float) -> None:
+    """PCIe replays per minute against the limit for the link's generation and width."""
+    t, i, pci = ctx.t, g.index, g.pci
+    r = _rate(ctx, prev, "replay", g.pcie_replay_counter, ts)
+    if r:
+        gen = g.pcie_gen_max or g.pcie_gen_current or (prof.pcie_gen if prof else 5)
+        gen = min(max(int(gen), 3), 6)
+        width = g.pcie_width_current or g.pcie_width_max or 16
+        limit = t[f"pcie_replay_per_min_gen{gen}"] * width / 16.0
+        per_min = r[0] / (r[1] / 60.0)
+        if per_min > limit:
+            ctx.add("pcie_replay", "warning", f"PCIe replays at {per_min:.1f}/min (limit {limit:.0f}/min at "
+                    f"Gen{gen} x{width})", "monitor", "pcie_replay", i,
+                    [f"replay_counter={g.pcie_replay_counter}", f"delta={r[0]:.0f} over {r[1]:.0f}s"], pci)
+
+
+def _check_nvlink(ctx: Ctx, g: GpuSnapshot, links: List[NvLinkInfo], prof: Optional[GpuProfile],
+                  prev: Dict[str, Any], ts: float) -> Dict[str, Any]:
+    """NVLink (``links``, the GPU's read links): inactive links, recoveries, CRC error rates; returns the counters
+    for the next state."""
+    t, i, pci = ctx.t, g.index, g.pci
+    down = [n.link for n in links if n.active is False]
+    if down and (prof is None or prof.nvlinks > 0):
+        ctx.add("nvlink", "critical", f"NVLink link(s) {', '.join(map(str, down))} inactive", "reset_gpu",
+                "nvlink_down", i, [f"inactive={down}", f"links={len(links)}"], pci)
+    nv_prev = prev.get("nvl") or {}
+    nv_new = {}
+    for n in links:
+        for attr in ("replay_errors", "recovery_errors", "crc_flit_errors", "crc_data_errors"):
+            v = getattr(n, attr)
+            if v is None:
+                continue
+            k = f"{n.link}:{attr}"
+            nv_new[k] = v
+            old = nv_prev.get(k)
+            if old is None or prev.get("t") is None or v < old:
+                continue
+            dt = max(ts - float(prev["t"]), 1e-6)
+            if attr == "recovery_errors" and v > old:
+                ctx.add("nvlink", "warning", f"NVLink {n.link} recovered {v - old} time(s) since the last run",
+                        "monitor", "nvlink_recovery", i, [f"link {n.link} recovery {old}->{v}"], pci)
+            elif attr.startswith("crc") and (v - old) / dt > t["nvlink_crc_per_s"]:
+                ctx.add("nvlink", "critical", f"NVLink {n.link} CRC errors at {(v - old) / dt:.0f}/s",
+                        "reset_gpu", "nvlink_crc", i, [f"link {n.link} {attr} {old}->{v}"], pci)
+    return nv_new
+
+
+def _check_persistence(ctx: Ctx, g: GpuSnapshot) -> None:
+    """Persistence mode off."""
+    i, pci = g.index, g.pci
+    sev = "warning" if ctx.cfg.require_persistence else "info"
+    ctx.add("persistence", sev, "persistence mode off (slow NVML init; enable nvidia-persistenced)",
+            "monitor" if sev == "warning" else "none", "persistence_off", i, ["persistence_mode=Disabled"], pci)
+
+
+def _check_fabric(ctx: Ctx, g: GpuSnapshot, state: str) -> None:
+    """Fabric registration (fabric manager / NVSwitch; ``state``, the GPU's read fabric state) and fabric health."""
+    i, pci, status = g.index, g.pci, g.fabric_status
+    if state.lower() == "in progress":
+        ctx.add("fabric", "warning", "fabric registration in progress", "monitor", "fabric_in_progress", i,
+                [f"state={state}", f"status={status}"], pci)
+    elif state.lower() != "completed" or (status is not None and status.lower() != "success"):
+        ctx.add("fabric", "critical", f"fabric state {state}/{status} (fabric manager / NVSwitch)", "reset_gpu",
+                "fabric", i, [f"state={state}", f"status={status}"], pci)
+    bad = sorted(k for k, v in g.fabric_health.items() if v and v.lower() in ("true", "yes", "degraded"))
+    if bad:
+        ctx.add("fabric", "warning", f"fabric health: {', '.join(bad)}", "monitor", "fabric_health", i,
+                [f"{k}={g.fabric_health[k]}" for k in bad], pci)
 
 
 def _busy(ctx: Ctx, g: GpuSnapshot) -> bool:
