@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from .catalog import Catalog
 from .config import Config
@@ -67,47 +67,11 @@ def _repaired_at(stored: Any, given: Any, now: float) -> Optional[float]:
     return min(max(times), now) if times else None
 
 
-def judge(snapshot: Union[None, Snapshot, Mapping[str, Any]] = None,
-          kmsg_lines: Union[None, str, bytes, Iterable[Union[str, bytes, KernelEvent]]] = (),
-          config: Union[None, Config, Mapping[str, Any]] = None,
-          state: Optional[Mapping[str, Any]] = None,
-          now: Optional[float] = None, repaired_at: Optional[float] = None) -> Report:
-    """Judge one node.
-
-    snapshot: Snapshot, its dict form, or None (kernel log only). kmsg_lines: text, lines or KernelEvent objects;
-    None means "no kernel log either" (with no snapshot that is the verdict unknown, code no_data).
-    config: mapping (see config.py) or Config. state: the previous run's ``report.state`` (not modified), or None
-    (the first run). now: epoch seconds, required: the brain reads no clock and no file (the bodies read the state
-    file and the clock, and write ``report.state`` back; ``statefile.py``).
-    repaired_at: epoch seconds when a repair step (GPU reset, reboot) started whose verification this check is:
-    kernel events dated at or before it are what the repair fixed, so they are neither judged nor remembered, now
-    or in later runs (the state keeps the newest such time). The next state is in ``report.state``.
-    """
-    cfg = config if isinstance(config, Config) else Config(config)
-    if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
-        raise ValueError(f"now: expected epoch seconds (a finite number), got {now!r}")
-    now = float(now)
-    if isinstance(snapshot, Mapping):
-        snapshot = Snapshot.from_dict(dict(snapshot))
-    elif snapshot is not None and not isinstance(snapshot, Snapshot):
-        raise ValueError(f"snapshot: expected a Snapshot or a mapping, got {type(snapshot).__name__}")
-    if isinstance(state, Mapping):
-        prev: Dict[str, Any] = dict(state)
-    elif state is None:
-        prev = {}
-    else:
-        raise ValueError(f"state: expected a mapping (the previous report.state) or None, got {type(state).__name__}")
-
-    repaired = _repaired_at(prev.get("repaired_at"), repaired_at, now)
-    catalog = _catalog(cfg)
-    profiles = _profiles(cfg)
-    ctx = Ctx(cfg, catalog, now, prev)
-    ctx.new_state_probe_timeouts = 0
-
-    events = parse_kmsg(kmsg_lines, boot_time=cfg.boot_time) if kmsg_lines else []
-    have_kmsg = kmsg_lines is not None  # () / [] = "the kernel log was read and is empty"; None = "not read"
-
-    # Merge with the events remembered from earlier runs (sticky windows survive the kmsg cursor moving on).
+def _events_in_view(cfg: Config, catalog: Catalog, prev: Mapping[str, Any], events: List[KernelEvent], now: float,
+                    repaired: Optional[float]) -> Tuple[List[KernelEvent], List[Dict[str, Any]]]:
+    """The kernel events to judge and the ones to remember: this run's merged with those the previous state kept
+    (sticky windows survive the kmsg cursor moving on), each inside its window (sticky or not) and after the last
+    repair. Returns (in view, to keep in the next state)."""
     first_seen: Dict[str, float] = {}
     merged: Dict[str, KernelEvent] = {}
     for d in prev.get("events") or []:
@@ -149,6 +113,50 @@ def judge(snapshot: Union[None, Snapshot, Mapping[str, Any]] = None,
             d = ev.to_dict()
             d["first_seen"] = first_seen.get(ev.ident, now)
             keep.append(d)
+    return in_view, keep
+
+
+def judge(snapshot: Union[None, Snapshot, Mapping[str, Any]] = None,
+          kmsg_lines: Union[None, str, bytes, Iterable[Union[str, bytes, KernelEvent]]] = (),
+          config: Union[None, Config, Mapping[str, Any]] = None,
+          state: Optional[Mapping[str, Any]] = None,
+          now: Optional[float] = None, repaired_at: Optional[float] = None) -> Report:
+    """Judge one node.
+
+    snapshot: Snapshot, its dict form, or None (kernel log only). kmsg_lines: text, lines or KernelEvent objects;
+    None means "no kernel log either" (with no snapshot that is the verdict unknown, code no_data).
+    config: mapping (see config.py) or Config. state: the previous run's ``report.state`` (not modified), or None
+    (the first run). now: epoch seconds, required: the brain reads no clock and no file (the bodies read the state
+    file and the clock, and write ``report.state`` back; ``statefile.py``).
+    repaired_at: epoch seconds when a repair step (GPU reset, reboot) started whose verification this check is:
+    kernel events dated at or before it are what the repair fixed, so they are neither judged nor remembered, now
+    or in later runs (the state keeps the newest such time). The next state is in ``report.state``.
+    """
+    cfg = config if isinstance(config, Config) else Config(config)
+    if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
+        raise ValueError(f"now: expected epoch seconds (a finite number), got {now!r}")
+    now = float(now)
+    if isinstance(snapshot, Mapping):
+        snapshot = Snapshot.from_dict(dict(snapshot))
+    elif snapshot is not None and not isinstance(snapshot, Snapshot):
+        raise ValueError(f"snapshot: expected a Snapshot or a mapping, got {type(snapshot).__name__}")
+    if isinstance(state, Mapping):
+        prev: Dict[str, Any] = dict(state)
+    elif state is None:
+        prev = {}
+    else:
+        raise ValueError(f"state: expected a mapping (the previous report.state) or None, got {type(state).__name__}")
+
+    repaired = _repaired_at(prev.get("repaired_at"), repaired_at, now)
+    catalog = _catalog(cfg)
+    profiles = _profiles(cfg)
+    ctx = Ctx(cfg, catalog, now, prev)
+    ctx.new_state_probe_timeouts = 0
+
+    events = parse_kmsg(kmsg_lines, boot_time=cfg.boot_time) if kmsg_lines else []
+    have_kmsg = kmsg_lines is not None  # () / [] = "the kernel log was read and is empty"; None = "not read"
+
+    in_view, keep = _events_in_view(cfg, catalog, prev, events, now, repaired)
 
     pci_to_gpu = {}
     prof_by_gpu = {}

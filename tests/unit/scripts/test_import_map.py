@@ -155,7 +155,7 @@ def test_each_check_fails_on_a_deliberate_violation(tmp_path):
 
 #: the longest a brain function may be; the ones still longer, by name (issue: each is a debt, split it next)
 MAX_LINES = 80
-LONG_DEBT = {"health/engine.py:judge", "repair/config.py:from_dict", "repair/policy.py:plan"}
+LONG_DEBT = {"repair/config.py:from_dict", "repair/policy.py:plan"}
 
 
 def long_functions(root=MODULE_UTILS, limit=MAX_LINES):
@@ -166,5 +166,6 @@ def long_functions(root=MODULE_UTILS, limit=MAX_LINES):
 
 def test_no_brain_function_is_longer_than_80_lines():
     assert long_functions() == LONG_DEBT
-    assert "health/rules.py:check_gpu" not in long_functions()  # 164 lines before it was split by concern
+    # 164 and 119 lines before they were split (by concern; the kernel events' window out of judge)
+    assert not {"health/rules.py:check_gpu", "health/engine.py:judge"} & long_functions()
     assert "health/rules.py:check_gpu" in long_functions(limit=20)  # the control: the measure sees it
