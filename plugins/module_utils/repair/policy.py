@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 
 from .classify import NO_REPORT, check_report
 from .config import RepairConfig
@@ -134,66 +134,14 @@ def plan(
     if config.breaker_enabled and not brk.tripped:
         brk = breaker_in_slurm(nodes, brk, config.reason_prefix) or brk
     limits = Limits(fl, config)
-    keep, cap = retention(config)
-    prefix = config.reason_prefix
-
-    # Read the reports up front (errors name the node) and take a working copy of each history.
-    # A node whose history or report cannot be used is held by itself (problems[name]); the others plan as usual.
-    prepared: List[Tuple[NodeState, Optional[History], str, str, str, Optional[int], float]] = []
-    problems: Dict[str, Tuple[str, str]] = {}
-    for n in nodes:
-        if n.report_error:
-            problems[n.name] = ("bad_report", f"health report unusable (attention[{n.name}].report: "
-                                              f"unreadable: {n.report_error})")
-            verdict, action, code, gpu = "unknown", "none", "", None
-        else:
-            try:
-                verdict, action, code, gpu = check_report(n.report, f"attention[{n.name}].report")
-            except RepairError as exc:
-                problems[n.name] = ("bad_report", f"health report unusable ({exc})")
-                verdict, action, code, gpu = "unknown", "none", "", None
-        if n.history_error is not None:
-            problems[n.name] = ("history_unreadable", f"repair history unreadable ({n.history_error})")
-            prepared.append((n, None, verdict, action, code, gpu, now))
-            continue
-        if n.history_foreign:
-            prepared.append((n, None, verdict, action, code, gpu, now))
-            continue
-        hist = History() if n.history is None else n.history.pruned(now, keep, cap)
-        prepared.append((n, hist, verdict, action, code, gpu, _first_seen(n, hist, now)))
-
-    # Circuit breaker: distinct nodes failing, first seen within the window (and after the last reset).
+    prepared, problems = _prepare(nodes, config, now)
+    brk = _trip_breaker(prepared, problems, brk, fl, config, now)
     notes: List[str] = []
-    # (it trips at breaker_threshold() nodes, never fewer than breaker_min_nodes: a smaller plan cannot trip it)
-    if config.breaker_enabled and not brk.tripped and len(prepared) >= config.breaker_min_nodes:
-        since = now - config.breaker_window_s
-        if brk.reset_at is not None:
-            since = max(since, brk.reset_at)
-        failing = sorted(
-            p[0].name for p in prepared if p[2] in _UNHEALTHY and p[6] >= since and p[0].name not in problems
-        )
-        why = breaker_trips(config, fl.total, len(failing), "nodes failed")
-        if why is not None:
-            brk = BreakerState(tripped=True, since=float(now), nodes=failing, reason=why)
     if brk.tripped:
         notes.append(f"circuit breaker tripped: {brk.reason}; all automation holds until a person resets it")
+    _count_on_record(prepared, limits, config, now)
 
-    # Evictions on record within the window count against jobs.max_evictions before any new one starts.
-    if prepared:
-        since_ev = now - config.eviction_window_s
-        for p in prepared:
-            inc = p[1].incident if p[1] is not None else None
-            if inc is not None and inc.eviction is not None and inc.eviction.at >= since_ev:
-                limits.evictions += 1
-
-    # Nodes already under repair count against the concurrency limits before anything new starts.
-    # A node someone else took over is not under repair by us any more.
-    for p in prepared:
-        h = p[1]
-        if h is not None and h.incident is not None and h.incident.pending() is not None and not p[0].foreign(prefix):
-            limits.take_active(p[0], started_now=False)
-
-    order = sorted(prepared, key=lambda p: (p[6], p[0].name)) if len(prepared) > 1 else prepared
+    order = sorted(prepared, key=lambda p: (p.first_seen, p.node.name)) if len(prepared) > 1 else prepared
     decisions: List[Decision] = []
     for n, node_hist, verdict, action, code, gpu, t0 in order:
         if n.name in problems:
@@ -208,6 +156,78 @@ def plan(
         used = {d.approval_key for d in decisions if d.approved}
         unused = sorted(approved - used)
     return Plan(decisions, breaker=brk, notes=notes, unused_approvals=unused)
+
+
+class _Prepared(NamedTuple):
+    """A node that needs attention, with its report read and a working copy of its history."""
+    node: NodeState
+    hist: Optional[History]  # None: unreadable, or another tool's
+    verdict: str
+    action: str
+    code: str
+    gpu: Optional[int]
+    first_seen: float
+
+
+def _prepare(nodes: List[NodeState], config: RepairConfig, now: float
+             ) -> Tuple[List[_Prepared], Dict[str, Tuple[str, str]]]:
+    """Read the reports up front (errors name the node) and take a working copy of each history. A node whose
+    history or report cannot be used is held by itself (problems[name]: rule, why); the others plan as usual."""
+    keep, cap = retention(config)
+    prepared: List[_Prepared] = []
+    problems: Dict[str, Tuple[str, str]] = {}
+    for n in nodes:
+        if n.report_error:
+            problems[n.name] = ("bad_report", f"health report unusable (attention[{n.name}].report: "
+                                              f"unreadable: {n.report_error})")
+            verdict, action, code, gpu = "unknown", "none", "", None
+        else:
+            try:
+                verdict, action, code, gpu = check_report(n.report, f"attention[{n.name}].report")
+            except RepairError as exc:
+                problems[n.name] = ("bad_report", f"health report unusable ({exc})")
+                verdict, action, code, gpu = "unknown", "none", "", None
+        if n.history_error is not None:
+            problems[n.name] = ("history_unreadable", f"repair history unreadable ({n.history_error})")
+            prepared.append(_Prepared(n, None, verdict, action, code, gpu, now))
+            continue
+        if n.history_foreign:
+            prepared.append(_Prepared(n, None, verdict, action, code, gpu, now))
+            continue
+        hist = History() if n.history is None else n.history.pruned(now, keep, cap)
+        prepared.append(_Prepared(n, hist, verdict, action, code, gpu, _first_seen(n, hist, now)))
+    return prepared, problems
+
+
+def _trip_breaker(prepared: List[_Prepared], problems: Mapping[str, Any], brk: BreakerState, fl: FleetSummary,
+                  config: RepairConfig, now: float) -> BreakerState:
+    """The circuit breaker: distinct nodes failing, first seen within the window (and after the last reset); it
+    trips at breaker_threshold() nodes, never fewer than breaker_min_nodes (a smaller plan cannot trip it)."""
+    if not config.breaker_enabled or brk.tripped or len(prepared) < config.breaker_min_nodes:
+        return brk
+    since = now - config.breaker_window_s
+    if brk.reset_at is not None:
+        since = max(since, brk.reset_at)
+    failing = sorted(p.node.name for p in prepared
+                     if p.verdict in _UNHEALTHY and p.first_seen >= since and p.node.name not in problems)
+    why = breaker_trips(config, fl.total, len(failing), "nodes failed")
+    return brk if why is None else BreakerState(tripped=True, since=float(now), nodes=failing, reason=why)
+
+
+def _count_on_record(prepared: List[_Prepared], limits: Limits, config: RepairConfig, now: float) -> None:
+    """What is already under way counts against the limits before anything new starts: evictions on record within
+    the window (jobs.max_evictions), and nodes already under repair (the concurrency limits; a node someone else
+    took over is not under repair by us any more)."""
+    since_ev = now - config.eviction_window_s
+    prefix = config.reason_prefix
+    for p in prepared:
+        inc = p.hist.incident if p.hist is not None else None
+        if inc is not None and inc.eviction is not None and inc.eviction.at >= since_ev:
+            limits.evictions += 1
+    for p in prepared:
+        h = p.hist
+        if h is not None and h.incident is not None and h.incident.pending() is not None and not p.node.foreign(prefix):
+            limits.take_active(p.node, started_now=False)
 
 
 def _problem(n: NodeState, problem: Tuple[str, str], config: RepairConfig, now: float) -> Decision:

@@ -155,7 +155,7 @@ def test_each_check_fails_on_a_deliberate_violation(tmp_path):
 
 #: the longest a brain function may be; the ones still longer, by name (issue: each is a debt, split it next)
 MAX_LINES = 80
-LONG_DEBT = {"repair/config.py:from_dict", "repair/policy.py:plan"}
+LONG_DEBT = {"repair/config.py:from_dict"}
 
 
 def long_functions(root=MODULE_UTILS, limit=MAX_LINES):
@@ -166,6 +166,7 @@ def long_functions(root=MODULE_UTILS, limit=MAX_LINES):
 
 def test_no_brain_function_is_longer_than_80_lines():
     assert long_functions() == LONG_DEBT
-    # 164 and 119 lines before they were split (by concern; the kernel events' window out of judge)
-    assert not {"health/rules.py:check_gpu", "health/engine.py:judge"} & long_functions()
+    # 164, 119 and 103 lines before they were split (check_gpu by concern; the kernel events' window out of judge;
+    # plan's preparation, breaker and what is on record out of plan)
+    assert not {"health/rules.py:check_gpu", "health/engine.py:judge", "repair/policy.py:plan"} & long_functions()
     assert "health/rules.py:check_gpu" in long_functions(limit=20)  # the control: the measure sees it
