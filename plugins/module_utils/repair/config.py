@@ -20,7 +20,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from ..slurmfacts import NO_EVICT_MARK, REASON_PREFIX
 from .model import FAILURE_CLASSES, JOB_ACTIONS, MODES, REPAIR_STEPS, SIGNAL_TO, RepairError
@@ -211,138 +211,31 @@ class RepairConfig:
         return self.ladders.get(failure_class, self.ladders.get("other", ("reboot",)))
 
     @classmethod
-    def from_dict(cls, data: Optional[Mapping[str, Any]]) -> RepairConfig:  # noqa: C901 - one flat validator
+    def from_dict(cls, data: Optional[Mapping[str, Any]]) -> RepairConfig:
+        """The configuration from its mapping form (the role's ``node_repair_config``), every field checked: an
+        error names the field (``budget.window``) and what was expected. Missing fields keep their defaults."""
         top = _mapping(data, "repair config", _TOP)
         kw: Dict[str, Any] = {}
-        if "ttl" in top:
-            kw["ttl_s"] = parse_duration(top["ttl"], "ttl")
-        if "cooldown" in top:
-            kw["cooldown_s"] = parse_duration(top["cooldown"], "cooldown")
-        if "history_keep" in top:
-            kw["history_keep_s"] = parse_duration(top["history_keep"], "history_keep")
-        b = _mapping(top.get("budget"), "budget", ("attempts", "window"))
-        if "attempts" in b:
-            kw["budget_attempts"] = parse_int(b["attempts"], "budget.attempts", 1)
-        if "window" in b:
-            kw["budget_window_s"] = parse_duration(b["window"], "budget.window")
-        if "max_attempts_per_incident" in top:
-            kw["max_attempts_per_incident"] = parse_int(
-                top["max_attempts_per_incident"], "max_attempts_per_incident", 1
-            )
-        e = _mapping(top.get("escalate"), "escalate", ("repairs", "window", "relapse"))
-        if "repairs" in e:
-            kw["escalate_repairs"] = parse_int(e["repairs"], "escalate.repairs", 1)
-        if "window" in e:
-            kw["escalate_window_s"] = parse_duration(e["window"], "escalate.window")
-        if "relapse" in e:
-            if not isinstance(e["relapse"], bool):
-                raise RepairError(f"escalate.relapse: expected true or false, got {e['relapse']!r}")
-            kw["escalate_relapse"] = e["relapse"]
-        lm = _mapping(top.get("lemon"), "lemon", ("incidents", "window", "action"))
-        if "incidents" in lm:
-            kw["lemon_incidents"] = parse_int(lm["incidents"], "lemon.incidents", 1)
-        if "window" in lm:
-            kw["lemon_window_s"] = parse_duration(lm["window"], "lemon.window")
-        if "action" in lm:
-            if lm["action"] not in ("replace", "reimage", "escalate"):
-                raise RepairError(
-                    "lemon.action: expected one of replace, reimage, escalate, got {!r}".format(lm["action"])
-                )
-            kw["lemon_action"] = lm["action"]
+        sections: Dict[str, Mapping[str, Any]] = {}
+        for path, name, parse in _FIELDS:
+            if len(path) == 1:
+                where, where_from = path[0], top
+            else:
+                if path[0] not in sections:
+                    sections[path[0]] = _mapping(top.get(path[0]), path[0], _SECTION_KEYS[path[0]])
+                where, where_from = ".".join(path), sections[path[0]]
+            if path[-1] in where_from:
+                value = parse(where_from[path[-1]], where)
+                if value is not _UNSET:
+                    kw[name] = value
         if "ladders" in top:
-            lad = _mapping(top["ladders"], "ladders", FAILURE_CLASSES)
-            ladders = dict(DEFAULT_LADDERS)
-            for cls_name, steps in lad.items():
-                where = f"ladders.{cls_name}"
-                if not isinstance(steps, (list, tuple)) or not steps:
-                    raise RepairError(
-                        "{}: expected a non-empty list of steps from {}, got {!r}".format(
-                            where, ", ".join(REPAIR_STEPS), steps
-                        )
-                    )
-                seen = []
-                for i, s in enumerate(steps):
-                    if s not in REPAIR_STEPS:
-                        raise RepairError(
-                            "{}[{}]: expected one of {}, got {!r}".format(where, i, ", ".join(REPAIR_STEPS), s)
-                        )
-                    if s in seen:
-                        raise RepairError(f"{where}[{i}]: {s!r} appears twice (one step of each kind per incident)")
-                    seen.append(s)
-                ladders[cls_name] = tuple(seen)
-            kw["ladders"] = ladders
+            kw["ladders"] = _ladders(top["ladders"])
         if "modes" in top:
-            md = _mapping(top["modes"], "modes", ("default",) + FAILURE_CLASSES)
-            modes = {}
-            for k, v in md.items():
-                if v not in MODES:
-                    raise RepairError(f"modes.{k}: expected automatic or approval, got {v!r}")
-                if k == "default":
-                    kw["default_mode"] = v
-                else:
-                    modes[k] = v
-            kw["modes"] = modes
-        if "approval_for" in top:
-            kw["approval_for"] = _action_list(top["approval_for"], "approval_for", REPAIR_STEPS + ("evict",))
-        br = _mapping(
-            top.get("blast_radius"), "blast_radius", ("max_unavailable", "min_healthy", "domains", "max_parallel")
-        )
-        if "max_unavailable" in br:
-            kw["max_unavailable"] = Limit.parse(br["max_unavailable"], "blast_radius.max_unavailable")
-        if "min_healthy" in br:
-            kw["min_healthy"] = parse_fraction(br["min_healthy"], "blast_radius.min_healthy")
-        if "domains" in br:
-            dm = br["domains"]
-            if not isinstance(dm, Mapping):
-                raise RepairError("blast_radius.domains: expected a mapping of domain kind (rack, switch) to a limit")
-            kw["domain_limits"] = {str(k): Limit.parse(v, f"blast_radius.domains.{k}") for k, v in dm.items()}
-        if br.get("max_parallel") is not None:
-            kw["max_parallel"] = parse_int(br["max_parallel"], "blast_radius.max_parallel", 1)
-        bk = _mapping(top.get("breaker"), "breaker", ("enabled", "window", "fraction", "min_nodes"))
-        if "enabled" in bk:
-            if not isinstance(bk["enabled"], bool):
-                raise RepairError("breaker.enabled: expected true or false, got {!r}".format(bk["enabled"]))
-            kw["breaker_enabled"] = bk["enabled"]
-        if "window" in bk:
-            kw["breaker_window_s"] = parse_duration(bk["window"], "breaker.window")
-        if "fraction" in bk:
-            kw["breaker_fraction"] = parse_fraction(bk["fraction"], "breaker.fraction")
-        if "min_nodes" in bk:
-            kw["breaker_min_nodes"] = parse_int(bk["min_nodes"], "breaker.min_nodes", 1)
-        sp = _mapping(top.get("spares"), "spares", ("enabled", "on"))
-        if "enabled" in sp:
-            if not isinstance(sp["enabled"], bool):
-                raise RepairError("spares.enabled: expected true or false, got {!r}".format(sp["enabled"]))
-            kw["spares_enabled"] = sp["enabled"]
-        if "on" in sp:
-            kw["spare_on"] = _action_list(sp["on"], "spares.on", ("evict", "reimage", "replace", "escalate"))
+            kw.update(_modes(top["modes"]))
         if "step_timeout" in top:
             st = _mapping(top["step_timeout"], "step_timeout", REPAIR_STEPS)
-            timeouts = dict(DEFAULT_STEP_TIMEOUT)
-            for k, v in st.items():
-                timeouts[k] = parse_duration(v, f"step_timeout.{k}")
-            kw["step_timeout_s"] = timeouts
-        if "reason_prefix" in top:
-            rp = top["reason_prefix"]
-            if not isinstance(rp, str) or not rp.strip():
-                raise RepairError(f"reason_prefix: expected a non-empty string, got {rp!r}")
-            kw["reason_prefix"] = rp
-        if "class_map" in top:
-            cm = top["class_map"]
-            if not isinstance(cm, Mapping):
-                raise RepairError("class_map: expected a mapping of finding code (or code prefix) to a failure class")
-            for k, v in cm.items():
-                if v not in FAILURE_CLASSES:
-                    raise RepairError(
-                        "class_map.{}: expected one of {}, got {!r}".format(k, ", ".join(FAILURE_CLASSES), v)
-                    )
-            kw["class_map"] = {str(k).lower(): v for k, v in cm.items()}
-        if "hook_actions" in top:
-            kw["hook_actions"] = _action_list(top["hook_actions"], "hook_actions", ("reimage", "replace"))
-        if "resume_degraded" in top:
-            if not isinstance(top["resume_degraded"], bool):
-                raise RepairError("resume_degraded: expected true or false, got {!r}".format(top["resume_degraded"]))
-            kw["resume_degraded"] = top["resume_degraded"]
+            kw["step_timeout_s"] = dict(DEFAULT_STEP_TIMEOUT, **{k: parse_duration(v, f"step_timeout.{k}")
+                                                                for k, v in st.items()})
         if "jobs" in top:
             kw.update(_jobs(top["jobs"]))
         return cls(**kw)
@@ -446,3 +339,126 @@ def _action_list(value: Any, where: str, allowed: Iterable[str]) -> Tuple[str, .
         if a not in allowed:
             raise RepairError("{}[{}]: expected one of {}, got {!r}".format(where, i, ", ".join(allowed), a))
     return tuple(value)
+
+
+# ------------------------------------------------------------------ RepairConfig.from_dict, field by field
+_UNSET = object()  # a parser's answer for "leave the default" (blast_radius.max_parallel: null)
+
+
+def _bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise RepairError(f"{where}: expected true or false, got {value!r}")
+    return value
+
+
+def _int1(value: Any, where: str) -> int:
+    return parse_int(value, where, 1)
+
+
+def _int1_or_default(value: Any, where: str) -> Any:
+    return _UNSET if value is None else parse_int(value, where, 1)
+
+
+def _choice(*options: str) -> Callable[[Any, str], str]:
+    def parse(value: Any, where: str) -> str:
+        if value not in options:
+            raise RepairError(f"{where}: expected one of {', '.join(options)}, got {value!r}")
+        return str(value)
+    return parse
+
+
+def _actions(*allowed: str) -> Callable[[Any, str], Tuple[str, ...]]:
+    return lambda value, where: _action_list(value, where, allowed)
+
+
+def _nonempty(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise RepairError(f"{where}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def _domains(value: Any, where: str) -> Dict[str, Limit]:
+    if not isinstance(value, Mapping):
+        raise RepairError(f"{where}: expected a mapping of domain kind (rack, switch) to a limit")
+    return {str(k): Limit.parse(v, f"{where}.{k}") for k, v in value.items()}
+
+
+def _class_map(value: Any, where: str) -> Dict[str, str]:
+    if not isinstance(value, Mapping):
+        raise RepairError(f"{where}: expected a mapping of finding code (or code prefix) to a failure class")
+    for k, v in value.items():
+        if v not in FAILURE_CLASSES:
+            raise RepairError(f"{where}.{k}: expected one of {', '.join(FAILURE_CLASSES)}, got {v!r}")
+    return {str(k).lower(): v for k, v in value.items()}
+
+
+def _ladders(value: Any) -> Dict[str, Tuple[str, ...]]:
+    lad = _mapping(value, "ladders", FAILURE_CLASSES)
+    ladders = dict(DEFAULT_LADDERS)
+    for cls_name, steps in lad.items():
+        where = f"ladders.{cls_name}"
+        if not isinstance(steps, (list, tuple)) or not steps:
+            raise RepairError(f"{where}: expected a non-empty list of steps from {', '.join(REPAIR_STEPS)}, "
+                              f"got {steps!r}")
+        seen: List[str] = []
+        for i, s in enumerate(steps):
+            if s not in REPAIR_STEPS:
+                raise RepairError(f"{where}[{i}]: expected one of {', '.join(REPAIR_STEPS)}, got {s!r}")
+            if s in seen:
+                raise RepairError(f"{where}[{i}]: {s!r} appears twice (one step of each kind per incident)")
+            seen.append(s)
+        ladders[cls_name] = tuple(seen)
+    return ladders
+
+
+def _modes(value: Any) -> Dict[str, Any]:
+    md = _mapping(value, "modes", ("default",) + FAILURE_CLASSES)
+    kw: Dict[str, Any] = {}
+    modes = {}
+    for k, v in md.items():
+        if v not in MODES:
+            raise RepairError(f"modes.{k}: expected automatic or approval, got {v!r}")
+        if k == "default":
+            kw["default_mode"] = v
+        else:
+            modes[k] = v
+    kw["modes"] = modes
+    return kw
+
+
+#: (path in the mapping, RepairConfig field, parser(value, where)) for every field but ladders, modes,
+#: step_timeout and jobs, in the order they are checked
+_FIELDS: Tuple[Tuple[Tuple[str, ...], str, Callable[[Any, str], Any]], ...] = (
+    (("ttl",), "ttl_s", parse_duration),
+    (("cooldown",), "cooldown_s", parse_duration),
+    (("history_keep",), "history_keep_s", parse_duration),
+    (("budget", "attempts"), "budget_attempts", _int1),
+    (("budget", "window"), "budget_window_s", parse_duration),
+    (("max_attempts_per_incident",), "max_attempts_per_incident", _int1),
+    (("escalate", "repairs"), "escalate_repairs", _int1),
+    (("escalate", "window"), "escalate_window_s", parse_duration),
+    (("escalate", "relapse"), "escalate_relapse", _bool),
+    (("lemon", "incidents"), "lemon_incidents", _int1),
+    (("lemon", "window"), "lemon_window_s", parse_duration),
+    (("lemon", "action"), "lemon_action", _choice("replace", "reimage", "escalate")),
+    (("approval_for",), "approval_for", _actions(*REPAIR_STEPS, "evict")),
+    (("blast_radius", "max_unavailable"), "max_unavailable", Limit.parse),
+    (("blast_radius", "min_healthy"), "min_healthy", parse_fraction),
+    (("blast_radius", "domains"), "domain_limits", _domains),
+    (("blast_radius", "max_parallel"), "max_parallel", _int1_or_default),
+    (("breaker", "enabled"), "breaker_enabled", _bool),
+    (("breaker", "window"), "breaker_window_s", parse_duration),
+    (("breaker", "fraction"), "breaker_fraction", parse_fraction),
+    (("breaker", "min_nodes"), "breaker_min_nodes", _int1),
+    (("spares", "enabled"), "spares_enabled", _bool),
+    (("spares", "on"), "spare_on", _actions("evict", "reimage", "replace", "escalate")),
+    (("reason_prefix",), "reason_prefix", _nonempty),
+    (("class_map",), "class_map", _class_map),
+    (("hook_actions",), "hook_actions", _actions("reimage", "replace")),
+    (("resume_degraded",), "resume_degraded", _bool),
+)
+#: the keys each section allows, from _FIELDS
+_SECTION_KEYS: Dict[str, Tuple[str, ...]] = {}
+for _path, _name, _parse in _FIELDS:
+    if len(_path) == 2:
+        _SECTION_KEYS[_path[0]] = _SECTION_KEYS.get(_path[0], ()) + (_path[1],)
