@@ -31,7 +31,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..fileutil import atomic_write
-from ..slurmfacts import STARTUP_REASON
+from ..slurmfacts import STARTUP_REASON, drain_reason
 from .scripts import ScriptMeta, discover, unmanaged
 
 REASON_PREFIX = STARTUP_REASON
@@ -308,7 +308,7 @@ class Runner:
             out["before"] = {"flags": sorted(flags), "reason": reason}
             ours = reason.startswith(REASON_PREFIX)
             if failed is not None:
-                want = f"{REASON_PREFIX} {failed}"
+                want = drain_reason(failed, prefix=REASON_PREFIX)
                 if drained and not ours:
                     out["action"] = "kept"  # drained by someone else: keep their reason, it stays out anyway
                     out["reason"] = reason
