@@ -539,8 +539,32 @@ slurmd_pid() { verified_pid "$LAB/run/slurmd-$1.pid" /usr/sbin/slurmd; }
 restd_pid() { verified_pid "$LAB/run/slurmrestd.pid" /usr/sbin/slurmrestd; }
 reboot_pid() { verified_pid "$LAB/run/reboot-$1.pid" /usr/bin/bash; }
 
+# lab_munged: the PID of a live munged of this lab (its command line names this lab's socket) that runs this
+# release's binary, found without its PID file; nothing when there is none.
+lab_munged() {
+  local p cmd exe
+  for p in /proc/[0-9]*; do
+    cmd=$(tr '\0' ' ' 2>/dev/null <"$p/cmdline") || continue
+    [[ "$cmd" == *"/usr/sbin/munged "*"--socket=$LAB/munge/"* ]] || continue
+    exe=$(readlink "$p/exe" 2>/dev/null || true)
+    [[ "${exe% (deleted)}" == "$(binary_path /usr/sbin/munged)" ]] || continue
+    echo "${p#/proc/}"
+    return 0
+  done
+  return 1
+}
+
 start_munged() {
   munged_pid >/dev/null && return 0
+  # A munged of this lab that its PID file does not name (a PID file written by a process of munged's start that
+  # then exited, seen once under load): it holds the socket's lock, so a second one could never start. Adopt it.
+  local live
+  if live=$(lab_munged); then
+    log "munged pid $live runs for this lab but $LAB/run/munged.pid does not name it ($(cat "$LAB/run/munged.pid" \
+      2>/dev/null || echo missing)): adopting it"
+    echo "$live" >"$LAB/run/munged.pid"
+    munged_pid >/dev/null && return 0
+  fi
   daemon /usr/sbin/munged --key-file="$LAB/munge/munge.key" --socket="$LAB/munge/munge.socket.2" \
     --pid-file="$LAB/run/munged.pid" --log-file="$LAB/log/munged.log" --seed-file="$LAB/munge/munge.seed" \
     || die "munged failed to start; see $LAB/log/munged.log"
