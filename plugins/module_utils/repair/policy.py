@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple, Union
 
 from .classify import NO_REPORT, check_report
 from .config import RepairConfig
@@ -106,7 +106,13 @@ _RETENTION: Dict[int, Tuple[RepairConfig, Tuple[float, int]]] = {}
 
 
 def plan(
-    fleet: Any, attention: Iterable[Any], config: Any, now: float, *, approvals: Any = (), breaker: Any = None
+    fleet: Union[FleetSummary, Mapping[str, Any]],
+    attention: Optional[Iterable[Union[NodeState, Mapping[str, Any]]]],
+    config: Union[RepairConfig, Mapping[str, Any]],
+    now: float,
+    *,
+    approvals: Iterable[Any] = (),
+    breaker: Union[None, BreakerState, Mapping[str, Any]] = None,
 ) -> Plan:
     """Decide what to do with every node that needs attention. Pure: changes nothing (the inputs included).
 
@@ -114,7 +120,7 @@ def plan(
     RepairConfig or a plain dict (validated). ``approvals`` is an iterable of (node, action, incident) approvals;
     ``breaker`` the persisted BreakerState (or its dict). The returned Plan's ``breaker`` is the state to persist.
     """
-    if config.__class__ is not RepairConfig:
+    if not isinstance(config, RepairConfig):
         config = RepairConfig.from_dict(config)
     if isinstance(now, bool) or not isinstance(now, (int, float)):
         raise RepairError(f"now: expected epoch seconds, got {now!r}")
