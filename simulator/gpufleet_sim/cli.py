@@ -75,12 +75,31 @@ def cmd_run(args) -> int:
         res["knob_effects"] = knob_effects(sc, anchor, res["per_seed"][best], progress=cb)
         if progress_bar is not None:
             progress_bar.close()
+    sens = None
+    if sc["estimates"] and len(pols) > 1 and not args.no_sensitivity:
+        from .sensitivity import run_sensitivity, verdict
+        from .sensitivity import write_all as write_sensitivity
+
+        # the same policies and seeds with each estimate at the ends of its plausible range
+        cb, progress_bar = _progress_factory(2 * len(sc["estimates"]) + 5)
+        sens = run_sensitivity(sc, pols, seeds, progress=cb, base=res)
+        if progress_bar is not None:
+            progress_bar.close()
+        res["sensitivity"] = sens
     if args.out:
         files = write_all(res, Path(args.out))
         print(files["table"])
         print(f"wrote {files['html']}, {files['csv']}, " + ", ".join(str(p) for p in files["pngs"]))
     elif args.json != "-":
         print(table(res))
+    if sens is not None and args.json != "-":
+        names = ", ".join(e["name"] for e in sc["estimates"])
+        print(f"This answer rests on {len(sc['estimates'])} estimates ({names}); each at the ends of its plausible "
+              "range:")
+        for line in verdict(sens):
+            print(line)
+        if args.out:
+            print(f"wrote {write_sensitivity(sens, Path(args.out))['html']} (gpufleet-sim sensitivity: the table)")
     if args.json:
         write_json(res, args.json)
     return 0
@@ -157,7 +176,7 @@ def _run_points(args, jobs: list, command: str):
 
 
 def cmd_sensitivity(args) -> int:
-    from .sensitivity import run_sensitivity, text
+    from .sensitivity import run_sensitivity, text, write_all
 
     sc = scn.load(args.scenario)
     pols = _policies(args, sc)
@@ -168,6 +187,10 @@ def cmd_sensitivity(args) -> int:
         progress_bar.close()
     if args.json != "-":
         print(text(res))
+    if args.out:
+        files = write_all(res, args.out)
+        if args.json != "-":
+            print(f"wrote {files['html']} (tornado plot {files['tornado']})")
     _emit_json(args.json, res)
     return 0
 
@@ -314,6 +337,8 @@ def main(argv=None) -> int:
     r.add_argument("--policy", action="extend", nargs="+",
                    help="built-in policy names or policy YAML files (several, and/or repeat the option)")
     r.add_argument("--seeds", type=int)
+    r.add_argument("--no-sensitivity", action="store_true",
+                   help="skip running the scenario's estimates at the ends of their ranges (gpufleet-sim sensitivity)")
     r.add_argument("--no-effects", action="store_true",
                    help="skip each knob's own effect around the best policy (one run per other knob level)")
     r.add_argument("--out", help="directory for the table, CSV, JSON, PNG plots and HTML report")
@@ -351,6 +376,7 @@ def main(argv=None) -> int:
     se.add_argument("--policy", action="extend", nargs="+", help="policies to compare (default: the scenario's)")
     se.add_argument("--seeds", type=int)
     se.add_argument("--json", help="write the JSON result to PATH, or - for stdout")
+    se.add_argument("--out", help="also write sensitivity.txt, tornado.png and sensitivity.html into this directory")
     se.set_defaults(fn=cmd_sensitivity)
     v = sub.add_parser("validate", help="run the published validation cases; exit 0 only if all pass")
     v.add_argument("--json")

@@ -188,6 +188,8 @@ def public_json(res: dict) -> dict:
            "paired": res.get("paired", {})}
     if "knob_effects" in res:
         out["knob_effects"] = res["knob_effects"]
+    if "sensitivity" in res:
+        out["sensitivity"] = res["sensitivity"]
     return out
 
 

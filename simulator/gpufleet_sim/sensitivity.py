@@ -10,6 +10,7 @@ recommendation does not hold there, and the input and value are named.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable
 
 from . import scenario as scn
@@ -32,7 +33,9 @@ def _lead(res: dict, rec: str) -> dict:
 
 
 def run_sensitivity(sc: dict, policies: list, seeds: int,
-                    progress: Callable[[int, int], None] | None = None) -> dict:
+                    progress: Callable[[int, int], None] | None = None, base: dict | None = None) -> dict:
+    """``base``: the scenario as shipped already run with these policies and seeds (``gpufleet-sim run`` passes
+    its own result: the runs are seeded, so it is the same result, not run twice)."""
     if not sc["estimates"]:
         raise SpecError(f"{sc['name']}: the scenario has no estimates: section (inputs with a plausible range)")
     ests = [dict(e, path=scn.resolve_names(sc["raw"], e["name"], e["where"])) for e in sc["estimates"]]
@@ -51,7 +54,10 @@ def run_sensitivity(sc: dict, policies: list, seeds: int,
             progress(done[0], total)
         return res
 
-    base = run(checked["as shipped"])
+    if base is None:
+        base = run(checked["as shipped"])
+    else:
+        done[0] += 1
     rec = best_policy(base["policies"])
     out: dict = {"scenario": sc["name"], "seeds": seeds, "recommended": rec, "as_shipped": _lead(base, rec),
                  "inputs": [], "together": [], "flips": []}
@@ -121,6 +127,15 @@ def text(res: dict) -> str:
     out += [("  " + "  ".join(str(c).ljust(w[i]) for i, c in enumerate(r))).rstrip() for r in rows]
     out.append("What each range rests on:")
     out += [f"  {r['path']}: {r['source']}" for r in res["inputs"]]
+    out += verdict(res)
+    return "\n".join(out)
+
+
+def verdict(res: dict) -> list:
+    """The lines that say whether the recommendation holds: a WARNING for each flip (the input and the value), or
+    one line that it holds. ``gpufleet-sim run`` prints these too."""
+    rec = res["recommended"]
+    out = []
     for f in res["flips"]:
         where = f"{f['input']} = {_short(f['value'])}" if f["end"] != "both" else f["input"]
         out.append(f"WARNING: the recommendation flips: {f['best']} does better than {rec} at {where}, inside the "
@@ -129,4 +144,61 @@ def text(res: dict) -> str:
     if not res["flips"]:
         out.append(f"{rec} stays the best policy over every estimate's plausible range (one at a time, and the two "
                    "that move it most together).")
-    return "\n".join(out)
+    return out
+
+
+def tornado(res: dict, path) -> None:
+    """The tornado plot: for each estimate (largest swing on top) a bar from the recommended policy's lead at the
+    low end of its range to its lead at the high end, in ETTR points, with the lead as shipped and zero (where
+    another policy takes over) marked. Written atomically as PNG."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .report import _atomic_write
+
+    rows = [r for r in res["inputs"] if r["at_low"]["ettr"] and r["at_high"]["ettr"]][::-1]
+    fig, ax = plt.subplots(figsize=(10, 1.8 + 0.6 * max(1, len(rows))))
+    for y, r in enumerate(rows):
+        lo, hi = r["at_low"]["ettr"]["mean"] * 100, r["at_high"]["ettr"]["mean"] * 100
+        ax.barh(y, hi - lo, left=lo, height=0.5, color="#2980b9" if hi >= lo else "#e67e22")
+        left, right = sorted([(lo, "low", r["low"]), (hi, "high", r["high"])], key=lambda t: t[0])
+        ax.text(left[0], y, f"{left[1]} {_short(left[2])}  ", fontsize=8, ha="right", va="center")
+        ax.text(right[0], y, f"  {right[1]} {_short(right[2])}", fontsize=8, ha="left", va="center")
+    ax.axvline(0, color="#c0392b", lw=1.5, label="no lead (another policy does as well)")
+    if res["as_shipped"]["ettr"]:
+        ax.axvline(res["as_shipped"]["ettr"]["mean"] * 100, color="#7f8c8d", ls="--", label="lead as shipped")
+    ax.set_yticks(range(len(rows)), [r["path"] for r in rows], fontsize=9)
+    ax.set_xlabel(f"lead of {res['recommended']} over its closest rival (ETTR points, mean of {res['seeds']} seeds)")
+    ax.set_title(f"{res['scenario']}: which estimate moves the answer (each at the ends of its plausible range)")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)
+    ax.margins(x=0.45)  # room for the end labels
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    _atomic_write(Path(path), buf.getvalue())
+
+
+def write_all(res: dict, out) -> dict:
+    """``--out DIR``: sensitivity.txt (the table), tornado.png and sensitivity.html (both, for a person); returns
+    the paths written."""
+    import html
+
+    from .report import _atomic_write
+
+    out = Path(out)
+    body = text(res)
+    files = {"text": out / "sensitivity.txt", "tornado": out / "tornado.png", "html": out / "sensitivity.html"}
+    _atomic_write(files["text"], (body + "\n").encode())
+    tornado(res, files["tornado"])
+    doc = (f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(res['scenario'])}: sensitivity"
+           f"</title></head><body><h1>{html.escape(res['scenario'])}: does the recommendation survive the "
+           f"scenario's estimates?</h1><img src=tornado.png alt='tornado plot'><pre>{html.escape(body)}</pre>"
+           "</body></html>\n")
+    _atomic_write(files["html"], doc.encode())
+    return files

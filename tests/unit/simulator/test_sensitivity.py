@@ -85,3 +85,52 @@ def test_a_scenario_derived_with_other_faults_stays_valid():
     assert [f["name"] for f in sc["faults"]] == [raw["faults"][0]["name"]] and sc["estimates"]
     with pytest.raises(SpecError, match="no estimates: section"):
         run_sensitivity(scenario(None), [resolve("reactive-auto")], seeds=1)
+
+
+def test_the_tornado_plot_and_page_show_each_estimate_between_its_ends(tmp_path):
+    """--out: the table as text, a tornado plot (a PNG) and a page with both; written from a result, no run."""
+    from gpufleet_sim.sensitivity import write_all
+
+    def lead(mean):
+        return {"mean": mean, "ci95": [mean - 0.004, mean + 0.004]}
+
+    res = {"scenario": "t", "seeds": 4, "recommended": "a", "as_shipped": {"best": "a", "rival": "b",
+                                                                         "ettr": lead(0.01)},
+           "inputs": [{"path": "x.rate", "source": "estimate", "low": 0, "high": 9, "swing": 0.03,
+                       "at_low": {"best": "a", "rival": "b", "ettr": lead(0.02)},
+                       "at_high": {"best": "b", "rival": "b", "ettr": lead(-0.01)}},
+                      {"path": "y.minutes", "source": "estimate", "low": 5, "high": 60, "swing": 0.0,
+                       "at_low": {"best": "a", "rival": "b", "ettr": lead(0.01)},
+                       "at_high": {"best": "a", "rival": "b", "ettr": lead(0.01)}}],
+           "together": [], "flips": [{"input": "x.rate", "end": "high", "value": 9, "best": "b", "certain": True}]}
+    files = write_all(res, tmp_path / "out")
+    assert files["tornado"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and files["tornado"].stat().st_size > 5000
+    page = files["html"].read_text()
+    assert "<img src=tornado.png" in page and "WARNING: the recommendation flips: b does better than a" in page
+    assert files["text"].read_text().startswith("t: recommended as shipped: a")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["sensitivity.html", "sensitivity.txt",
+                                                                    "tornado.png"]
+
+
+def test_run_itself_says_whether_the_answer_holds_over_the_estimates(tmp_path):
+    """`gpufleet-sim run` on a scenario with estimates runs them at the ends of their ranges (the same policies and
+    seeds) and prints each flip by input and value, or that the answer holds; --no-sensitivity skips it."""
+    import json
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "gpufleet_sim.cli", "run", str(val.SCENARIOS / "default-1k.yaml"), "--seeds", "2",
+            "--no-effects", "--policy", "passive+auto-repair+hot-spares", "together-approval"]
+    r = subprocess.run(argv + ["--out", str(tmp_path / "out"), "--json", str(tmp_path / "r.json")],
+                       capture_output=True, text=True, check=False, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "This answer rests on 4 estimates (false_positives.rate_per_1000_node_days, " in r.stdout, r.stdout
+    sens = json.loads((tmp_path / "r.json").read_text())["sensitivity"]
+    said = [ln for ln in r.stdout.splitlines() if ln.startswith("WARNING: the recommendation flips")
+            or "stays the best policy over every estimate's plausible range" in ln]
+    assert len(said) == max(1, len(sens["flips"])), r.stdout
+    for flip in sens["flips"]:
+        assert any(flip["input"] in ln for ln in said), (flip, said)
+    assert (tmp_path / "out" / "tornado.png").exists() and (tmp_path / "out" / "sensitivity.html").exists()
+    quiet = subprocess.run(argv + ["--no-sensitivity"], capture_output=True, text=True, check=False, timeout=600)
+    assert quiet.returncode == 0 and "This answer rests on" not in quiet.stdout, quiet.stderr
