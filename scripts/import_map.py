@@ -100,12 +100,14 @@ def build(module_utils: Path = MODULE_UTILS, bodies: dict[str, list[Path]] | Non
 def render(units: dict[str, dict[str, set[str]]] | None = None) -> str:
     units = build() if units is None else units
     order = list(KINDS)
-    rows = sorted(units, key=lambda n: (order.index(n) if n in order else len(order), n))
+
+    def rank(n: str) -> tuple:
+        return (order.index(n) if n in order else len(order), n)
+
     lines = ["| unit | kind | imports of the collection | reaches outside through |", "|---|---|---|---|"]
-    for name in rows:
+    for name in sorted(units, key=rank):
         u = units[name]
-        imports = ", ".join(f"`{i}`" for i in sorted(u["imports"], key=lambda n: (order.index(n) if n in order
-                                                                                   else len(order), n))) or "-"
+        imports = ", ".join(f"`{i}`" for i in sorted(u["imports"], key=rank)) or "-"
         outside = ", ".join(f"`{o}`" for o in sorted(u["outside"])) or "-"
         label = f"`{name}`" if name not in BODIES else name
         lines.append(f"| {label} | {KINDS.get(name, '?')} | {imports} | {outside} |")

@@ -234,8 +234,8 @@ class RepairConfig:
             kw.update(_modes(top["modes"]))
         if "step_timeout" in top:
             st = _mapping(top["step_timeout"], "step_timeout", REPAIR_STEPS)
-            kw["step_timeout_s"] = dict(DEFAULT_STEP_TIMEOUT, **{k: parse_duration(v, f"step_timeout.{k}")
-                                                                for k, v in st.items()})
+            given = {k: parse_duration(v, f"step_timeout.{k}") for k, v in st.items()}
+            kw["step_timeout_s"] = dict(DEFAULT_STEP_TIMEOUT, **given)
         if "jobs" in top:
             kw.update(_jobs(top["jobs"]))
         return cls(**kw)

@@ -94,8 +94,8 @@ def test_the_tornado_plot_and_page_show_each_estimate_between_its_ends(tmp_path)
     def lead(mean):
         return {"mean": mean, "ci95": [mean - 0.004, mean + 0.004]}
 
-    res = {"scenario": "t", "seeds": 4, "recommended": "a", "as_shipped": {"best": "a", "rival": "b",
-                                                                         "ettr": lead(0.01)},
+    shipped = {"best": "a", "rival": "b", "ettr": lead(0.01)}
+    res = {"scenario": "t", "seeds": 4, "recommended": "a", "as_shipped": shipped,
            "inputs": [{"path": "x.rate", "source": "estimate", "low": 0, "high": 9, "swing": 0.03,
                        "at_low": {"best": "a", "rival": "b", "ettr": lead(0.02)},
                        "at_high": {"best": "b", "rival": "b", "ettr": lead(-0.01)}},
