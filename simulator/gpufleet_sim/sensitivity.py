@@ -15,6 +15,7 @@ from typing import Callable
 
 from . import scenario as scn
 from .dists import SpecError, neg_ci
+from .report import _atomic_write
 from .runner import best_policy, paired, run_scenario
 
 
@@ -158,8 +159,6 @@ def tornado(res: dict, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .report import _atomic_write
-
     rows = [r for r in res["inputs"] if r["at_low"]["ettr"] and r["at_high"]["ettr"]][::-1]
     fig, ax = plt.subplots(figsize=(10, 1.8 + 0.6 * max(1, len(rows))))
     for y, r in enumerate(rows):
@@ -188,8 +187,6 @@ def write_all(res: dict, out) -> dict:
     """``--out DIR``: sensitivity.txt (the table), tornado.png and sensitivity.html (both, for a person); returns
     the paths written."""
     import html
-
-    from .report import _atomic_write
 
     out = Path(out)
     body = text(res)

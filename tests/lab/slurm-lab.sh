@@ -195,6 +195,9 @@ verified_pid() {
   echo "$pid"
 }
 
+# lab_munged_cmd CMDLINE: the command line (NULs as spaces) of a munged of this lab: it names this lab's socket.
+lab_munged_cmd() { [[ "$1" == *"/usr/sbin/munged "*"--socket=$LAB/munge/"* ]]; }
+
 # stop_strays: Slurm daemons of this lab (their command line names this lab's slurm.conf), and a munged whose
 # socket is this lab's, whose PID file is gone or names another release's binary -
 # a run killed between a daemon's start and its PID file, or a PID file removed under a live daemon - stopped by
@@ -207,7 +210,7 @@ stop_strays() {
     cmd=$(tr '\0' ' ' 2>/dev/null <"$p/cmdline") || continue  # the process may be gone by now: say nothing
     case "$cmd" in
       *"/usr/sbin/slurm"*" -f $CONF "* | *"/usr/sbin/slurm"*" -f $CONF") ;;
-      *"/usr/sbin/munged "*"--socket=$LAB/munge/"*) [[ "${p#/proc/}" != "$own_munged" ]] || continue ;;
+      *"/usr/sbin/munged "*) if ! lab_munged_cmd "$cmd" || [[ "${p#/proc/}" == "$own_munged" ]]; then continue; fi ;;
       *) continue ;;
     esac
     echo "${p#/proc/}" >"$LAB/run/stray-${p#/proc/}.pid"
@@ -539,13 +542,13 @@ slurmd_pid() { verified_pid "$LAB/run/slurmd-$1.pid" /usr/sbin/slurmd; }
 restd_pid() { verified_pid "$LAB/run/slurmrestd.pid" /usr/sbin/slurmrestd; }
 reboot_pid() { verified_pid "$LAB/run/reboot-$1.pid" /usr/bin/bash; }
 
-# lab_munged: the PID of a live munged of this lab (its command line names this lab's socket) that runs this
-# release's binary, found without its PID file; nothing when there is none.
+# lab_munged: the PID of a live munged of this lab that runs this release's binary, found without its PID file;
+# nothing when there is none.
 lab_munged() {
   local p cmd exe
   for p in /proc/[0-9]*; do
     cmd=$(tr '\0' ' ' 2>/dev/null <"$p/cmdline") || continue
-    [[ "$cmd" == *"/usr/sbin/munged "*"--socket=$LAB/munge/"* ]] || continue
+    lab_munged_cmd "$cmd" || continue
     exe=$(readlink "$p/exe" 2>/dev/null || true)
     [[ "${exe% (deleted)}" == "$(binary_path /usr/sbin/munged)" ]] || continue
     echo "${p#/proc/}"

@@ -457,8 +457,8 @@ _FIELDS: Tuple[Tuple[Tuple[str, ...], str, Callable[[Any, str], Any]], ...] = (
     (("hook_actions",), "hook_actions", _actions("reimage", "replace")),
     (("resume_degraded",), "resume_degraded", _bool),
 )
-#: the keys each section allows, from _FIELDS
-_SECTION_KEYS: Dict[str, Tuple[str, ...]] = {}
-for _path, _name, _parse in _FIELDS:
-    if len(_path) == 2:
-        _SECTION_KEYS[_path[0]] = _SECTION_KEYS.get(_path[0], ()) + (_path[1],)
+#: the keys each section allows, in _FIELDS' order
+_SECTION_KEYS: Dict[str, Tuple[str, ...]] = {
+    section: tuple(f[0][1] for f in _FIELDS if f[0][0] == section and len(f[0]) == 2)
+    for section in dict.fromkeys(f[0][0] for f in _FIELDS if len(f[0]) == 2)
+}

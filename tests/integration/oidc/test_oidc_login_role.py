@@ -145,8 +145,11 @@ def test_check_mode_on_a_fresh_login_node_with_the_default_venv_predicts_without
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert f"Check mode: {venv} does not exist yet" in r.stdout, r.stdout[-4000:]
     assert f"site={venv}/lib/python3." in r.stdout, r.stdout[-4000:]  # the PAM line's predicted site-packages
-    assert "TASK [gpufleet.reliability.oidc_login : Copy the wheels for a login node without a package index]" \
-        in r.stdout, r.stdout[-4000:]
+    # the copy is predicted as a change (its header alone would show for a skipped task too)
+    header = "TASK [gpufleet.reliability.oidc_login : Copy the wheels for a login node without a package index]"
+    assert header in r.stdout, r.stdout[-4000:]
+    copy = r.stdout.split(header, 1)[1].split("TASK [", 1)[0]
+    assert "changed: [localhost]" in copy and "skipping" not in copy, copy[-2000:]
     assert not venv.exists() and not (root / "opt/gpufleet-oidc/wheels").exists()
     assert files(root) == before
 

@@ -70,14 +70,10 @@ def test_only_bodies_import_a_body(units):
 
 
 def test_an_adapter_imports_the_repair_brain_only_to_build_its_inputs():
-    users = sorted(p.relative_to(MODULE_UTILS).as_posix() for p in (MODULE_UTILS / "slurm").rglob("*.py")
-                   if "repair" in {n.split(".")[0] for n in relative_imports(p)})
+    rels = [p.relative_to(MODULE_UTILS).as_posix() for p in (MODULE_UTILS / "slurm").rglob("*.py")]
+    users = sorted(rel for rel in rels
+                   if any(f.startswith("repair/") for f in import_map.direct_imports(str(MODULE_UTILS), rel)))
     assert users == ["slurm/repair_inputs.py"]
-
-
-def relative_imports(path):
-    return [(node.module or "") for node in ast.walk(ast.parse(path.read_text())) if
-            isinstance(node, ast.ImportFrom) and node.level == 2]
 
 
 def io_calls(path):
