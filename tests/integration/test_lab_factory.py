@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from support.labs import LAB_SCRIPT, LabError, read_owner, reserve
+from support.labs import LAB_SCRIPT, LabError, read_owner, reclaim, reserve
 
 pytestmark = pytest.mark.lab
 RELEASE = os.environ.get("SLURM_LAB_RELEASE", "22.05")
@@ -78,17 +78,25 @@ def test_a_running_lab_of_another_owner_is_never_attached_to(person_lab):
 
 
 def test_a_lab_left_by_a_dead_test_process_is_reclaimed():
+    """``reclaim`` is the step ``reserve`` takes on every block it locks. The test calls it with the block's lock
+    held all along: releasing the lock to call ``reserve`` again would hand the block (and the lab in it) to any
+    other test process for that moment, and this test's cleanup would then stop that process's new lab."""
     res = reserve("the orphan-lab test", nodes=1)
     dead = "test:999999999:0:deadbeef"  # no such PID: the owner is gone
     env = dict(res.script_env(1, RELEASE, SLURM_LAB_HEALTHCHECK_INTERVAL="0"), SLURM_LAB_OWNER=dead)
-    r = _script(env, "start")
     try:
+        r = _script(env, "start")
         assert r.returncode == 0, r.stdout + r.stderr
         ctld = _pid(res.dir, "slurmctld")
-        res.release()
-        again = reserve("the orphan-lab test, again", nodes=1, base=res.base)
-        again.release()
+        assert reclaim(res.dir, 1) is True
         assert not os.path.isdir(f"/proc/{ctld}"), "the orphaned lab was not stopped"
+        # a lab whose owner lives is never reclaimed
+        live = dict(env, SLURM_LAB_OWNER=res.token)
+        r = _script(live, "start")
+        assert r.returncode == 0, r.stdout + r.stderr
+        ctld = _pid(res.dir, "slurmctld")
+        assert reclaim(res.dir, 1) is False
+        assert os.path.isdir(f"/proc/{ctld}")
     finally:
         _script(env, "stop")
         res.release()

@@ -119,11 +119,18 @@ class Reservation:
             self._fd = None
 
 
-def _stop_orphan(lab_dir: Path, nodes: int) -> None:
+def reclaim(lab_dir: Path, nodes: int) -> bool:
+    """Stop the lab in ``lab_dir`` when a test process that died left it running (its owner token's process is
+    gone); True when there was one. Only for a block whose lock the caller holds: ``reserve`` calls it for each
+    block it locks, so the lab is ours now. A lab of a live owner (a person's, another run's) is left alone."""
+    holder, _note = read_owner(lab_dir)
+    if not holder or token_alive(holder):
+        return False
     env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
     env.update(SLURM_LAB_DIR=str(lab_dir), SLURM_LAB_NODES=str(nodes))
     subprocess.run(["bash", str(LAB_SCRIPT), "stop"], env=env, capture_output=True, text=True, timeout=180,
                    check=False)
+    return True
 
 
 def reserve(purpose: str, nodes: int = 4, base: int | None = None) -> Reservation:
@@ -150,8 +157,7 @@ def reserve(purpose: str, nodes: int = 4, base: int | None = None) -> Reservatio
             continue
         lab_dir = ROOT / f"lab-{b}"
         holder, note = read_owner(lab_dir)
-        if holder and not token_alive(holder):
-            _stop_orphan(lab_dir, nodes)  # left running by a test process that died: ours now (we hold the lock)
+        reclaim(lab_dir, nodes)
         busy = [p for p in block_ports(b, nodes) if port_busy(p)]
         if busy:
             os.close(fd)
