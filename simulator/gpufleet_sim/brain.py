@@ -19,12 +19,7 @@ from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils import health as _health
 from ansible_collections.gpufleet.reliability.plugins.module_utils import repair as _repair
-from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.drain import (
-    DrainDecision,
-    cannot_run_jobs,
-    drain_verdict,
-    wants_drain,
-)
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.drain import DrainDecision, drain_decision
 
 EPOCH0 = 1_767_571_200  # Monday 2026-01-05 00:00 UTC: simulated hour 0
 PARTITION = "gpu"
@@ -75,18 +70,15 @@ class CollectionBrain:
         return _repair.plan(fleet, nodes, self.repair_config, to_epoch(now_h), approvals=approvals, breaker=breaker)
 
     # --- the node agent's drain rule ----------------------------------------------------------------------------
-    def drain_rule(self, verdict: dict, me: _repair.NodeState, fleet: _repair.FleetSummary, before: Iterable[Any],
-                   now_h: float) -> DrainDecision:
-        """What the node agent does with its own node ``me`` (in service) on this judge() result: the shipped rule
-        (``repair.drain.drain_decision``, as ``gpufleet-health check --repair-config`` calls it), from its last
-        step on: the fleet as the rule sees it (``fleet``, counts; ``me`` in service) and the nodes out of service
-        before it (``before``: their Slurm records), so a 100,000-GPU fleet is not read node by node."""
+    def drain_rule(self, verdict: dict, me: _repair.NodeState, fleet: _repair.FleetSummary,
+                   before: Sequence[_repair.NodeState], now_h: float) -> DrainDecision:
+        """What the node agent does with its own node ``me`` on this judge() result: the shipped rule
+        (``repair.drain.drain_decision``, as ``gpufleet-health check --repair-config`` calls it) on the inputs the
+        Slurm adapter would build: the fleet as read (``fleet``, counts) and the nodes out of service (``before``:
+        their Slurm records), so a 100,000-GPU fleet is not read node by node."""
         self.calls["drain_rule"] += 1
-        report = verdict["report"]
-        if not wants_drain(report):
-            return DrainDecision("none", detail="the report does not ask for a drain")
-        return drain_verdict(me, fleet, before, self.repair_config, to_epoch(now_h),
-                             forced=cannot_run_jobs(report), reason=verdict["drain_reason"])
+        return drain_decision(verdict["report"], me, fleet, before, self.repair_config, to_epoch(now_h),
+                              reason=verdict["drain_reason"])
 
 
 def to_epoch(h: float) -> int:

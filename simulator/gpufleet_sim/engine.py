@@ -33,6 +33,7 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import
 )
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.drain import wants_drain
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.state import JobInfo
+from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm.node import Node
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurmfacts import drain_reason
 
 from .brain import PARTITION, to_epoch, to_hours
@@ -312,7 +313,8 @@ class Sim:
                       "proactive_drains": 0, "escalations": 0, "faults": 0, "faults_idle": 0, "brain_calls": 0,
                       "approvals": 0, "lemon_faults": 0, "peak_out": 0, "pool_empty": 0, "false_positives": 0,
                       "technician_wait_h": 0.0,
-                      "agent_drains": 0, "agent_deferred": 0, "plan_drains": 0, "decisions": 0, "peak_run": 0,
+                      "agent_drains": 0, "agent_deferred": 0, "agent_no_drain": 0, "plan_drains": 0, "decisions": 0,
+                      "peak_run": 0,
                       "breaker_trips": 0, "evict_checkpoint": 0, "evict_requeue": 0, "evict_waited": 0,
                       "events": 0}
         self.waiting_jobs: list[Job] = []
@@ -1063,13 +1065,13 @@ class Sim:
         return rec.slurm
 
     def slurm_nodes(self) -> list:
-        """Every node's Slurm record as the agent reads it (``sinfo``): name, state, flags, reason and its time,
-        partition, rack feature. Nodes in service share one prebuilt record each; out of service: its own."""
+        """Every node's Slurm record as the agent reads it (``sinfo``), as the Slurm adapter's ``Node``: name, state,
+        flags, reason and its time, partition, rack feature. Nodes in service share one prebuilt record each; out
+        of service: its own."""
         base = self._in_service
         if base is None:
-            base = self._in_service = [
-                {"name": f"node{n:06d}", "state": "allocated", "flags": (), "reason": "", "reason_time": None,
-                 "partitions": [PARTITION], "features": [f"rack_r{n // self.rack}"]} for n in range(self.N)]
+            base = self._in_service = [Node(f"node{n:06d}", "allocated", partitions=[PARTITION],
+                                            features=[f"rack_r{n // self.rack}"]) for n in range(self.N)]
         out = list(base)
         for n, o in enumerate(self.owner):
             if o != -2:
@@ -1078,12 +1080,11 @@ class Sim:
             sl = rec.slurm if rec is not None else None
             if sl is not None and not sl.out_of_service:
                 continue
-            out[n] = {"name": base[n]["name"], "partitions": base[n]["partitions"],
-                      "features": base[n]["features"],
-                      "state": sl.state if sl is not None else "down",
-                      "flags": tuple(sl.flags) if sl is not None else (),
-                      "reason": sl.reason if sl is not None else "Not responding",
-                      "reason_time": sl.reason_time if sl is not None else None}
+            out[n] = Node(base[n].name, sl.state if sl is not None else "down",
+                          frozenset(sl.flags) if sl is not None else frozenset(),
+                          sl.reason if sl is not None else "Not responding",
+                          reason_time=sl.reason_time if sl is not None else None,
+                          partitions=base[n].partitions, features=base[n].features)
         return out
 
     def next_run(self, t: float) -> float:
@@ -1108,15 +1109,13 @@ class Sim:
         sl = self._slurm(n)
         sl.state, sl.flags, sl.reason, sl.reason_user, sl.reason_time = "allocated", _NO_FLAGS, "", "", None
         sl.report, sl.report_time = v["report"], float(to_epoch(env.now))
-        if wants_drain(v["report"]):
-            me = NodeState(sl.name, sl.partitions, sl.domains, state="idle")
-            dd = self.brain.drain_rule(v, me, self.fleet_summary((n,), spares=False), self.out_of_service(), env.now)
-            if dd.action == "drain":
-                self.stats["agent_drains"] += 1
-                sl.state, sl.flags, sl.reason, sl.reason_user = "idle", _DRAIN, dd.reason or v["drain_reason"], "root"
-                sl.reason_time = float(to_epoch(env.now))
-                return True
-            self.stats["agent_deferred"] += 1
+        dd = self.brain.drain_rule(v, sl, self.fleet_summary((n,), spares=False), self.out_of_service(), env.now)
+        if dd.action == "drain":
+            self.stats["agent_drains"] += 1
+            sl.state, sl.flags, sl.reason, sl.reason_user = "idle", _DRAIN, dd.reason, "root"
+            sl.reason_time = float(to_epoch(env.now))
+            return True
+        self.stats["agent_deferred" if dd.action == "defer" else "agent_no_drain"] += 1
         d = yield from self._plan_until(n, sl, self.next_run(env.now), deadline, alive, "drain", self._drain_retry)
         if d is None or d.action != "drain":
             return False  # held, nothing to do (monitoring, a person's call), or too late: it stays in service

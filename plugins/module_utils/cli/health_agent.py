@@ -23,7 +23,6 @@ from ..health.model import PROBE_FAILED, Snapshot
 from ..health.report import Report
 from ..health.smi import read_nvidia_smi_text, read_nvidia_smi_xml
 from ..health.xid_catalog_data import CATALOG_VERSION
-from ..slurmfacts import IN_MAINTENANCE, REASON_PREFIX, drained_by, foreign_reason
 from ..statefile import atomic_write, load_state, save_state
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -162,50 +161,39 @@ def node_name(args: Optional[argparse.Namespace] = None) -> str:
 
 def slurm_act(report: Report, name: str, client: Any = None, limits: Any = None,
               clock: Callable[[], float] = time.time) -> Dict[str, Any]:
-    """Drain our own node when unhealthy, or when a finding asks for a drain although no automatic repair applies
-    (``report.drain``, e.g. a node-level power brake: verdict degraded, action monitor); never touch a node
-    drained/downed by someone else; never resume.
+    """Carry out the drain rule (``repair.drain.drain_decision``) for our own node: read Slurm, decide, drain when
+    the decision says so; never resume.
 
-    ``limits`` (the repair policy config, a dict or RepairConfig; None = no limits) makes the drain go through
-    the repair policy's rule, ``repair.drain.drain_decision``: a node that cannot run jobs drains at once (read
-    with the whole fleet, so the result says how it stands against the limits and the breaker); a warning is
-    not drained here (action ``defer``): the repair run decides it, one writer with the whole fleet in view. So
-    agents deciding at the same moment never take nodes that still run jobs out of service."""
+    ``limits`` is the repair policy's RepairConfig or its mapping (None = no limits: a report that asks for a
+    drain drains, under the ownership rule). With limits, a node that cannot run jobs drains at once (read with the
+    whole fleet, so the result says how it stands against the limits and the breaker); a warning is not drained
+    here (action ``defer``): the repair run decides it, one writer with the whole fleet in view."""
     result: Dict[str, Any] = {"node": name, "action": "none", "reason": None}
     if not (report.verdict == "unhealthy" or report.drain):
         return result
-    reason = report.drain_reason()[:200]
-    result["reason"] = reason
+    result["reason"] = report.drain_reason()[:200]
     try:
-        from ..repair import RepairError
+        from ..repair import RepairConfig, RepairError
         from ..repair.drain import cannot_run_jobs, drain_decision
         from ..slurm import SlurmClient, SlurmError
+        from ..slurm.repair_inputs import drain_inputs
     except ImportError as exc:  # pragma: no cover - the role always ships slurm.py and repair/
         result.update(action="error", detail=f"Slurm adapter or repair policy missing: {exc}")
         return result
     try:
         client = client or SlurmClient(backend="cli")
-        if limits is None:  # no limits: drain whenever the report asks, under the brain's ownership rule
-            node = client.node(name)
-            current = (node.reason or "").strip()
-            why = foreign_reason(node.state, node.flags, current, REASON_PREFIX)
-            if why:
-                result.update(action="left_alone", detail=why if why == IN_MAINTENANCE else
-                              f"drained/down by someone else: {current or node.state}")
-                return result
-            if drained_by(node.state, node.flags, current, REASON_PREFIX):
-                result.update(action="already_drained", detail=f"already drained by us: {current}")
-                return result
-            client.drain([name], reason)
-            result["action"] = "drained"
-            return result
-        nodes = client.nodes().values() if cannot_run_jobs(report) else [client.node(name)]
-        decision = drain_decision(report, name, nodes, limits, clock(), reason=reason)
+        if limits is not None and not isinstance(limits, RepairConfig):
+            limits = RepairConfig.from_dict(limits)  # the config file's mapping
+        whole = limits is not None and cannot_run_jobs(report)
+        inputs = drain_inputs(client.nodes().values() if whole else [client.node(name)], name)
+        decision = drain_decision(report, inputs.me, inputs.fleet, inputs.before, limits, clock())
         result.update(forced=decision.forced, rule=decision.rule, detail=decision.detail)
         if decision.breaker:
             result["breaker"] = decision.breaker
+        if decision.check_at is not None:
+            result["check_at"] = decision.check_at
         if decision.action == "drain":
-            client.drain([name], reason)
+            client.drain([name], decision.reason)
             result["action"] = "drained"
         else:
             result["action"] = decision.action

@@ -1,8 +1,9 @@
 # Copyright (c) gpufleet.reliability contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The node agent's drain rule: ``drain_decision(report, node, nodes, config, now) -> DrainDecision``.
+"""The node agent's drain rule: ``drain_decision(report, me, fleet, before, config, now) -> DrainDecision``.
 
-One rule, used by every body that drains a node for a health report (the agent on the node; the simulator):
+The one entry point for every body that drains a node for a health report (the agent on the node, the simulator);
+each only translates what it read into these typed inputs and carries out the decision:
 
 * A node that **cannot run jobs now** - the live probe finds a GPU lost or missing, a GPU that needs a reset
   before it works again, or no working driver (:func:`cannot_run_jobs`) - is drained at once. It counts against
@@ -14,21 +15,26 @@ One rule, used by every body that drains a node for a health report (the agent o
   (``blast_radius``) and the circuit breaker. Agents on many nodes decide at the same moment, each from its own
   reading of Slurm; had each drained its own warning and taken it back when the limits said no, a storm would take
   most of the fleet out of service for seconds at every check. A warning never causes a transient drain.
+* With no limits configured (``config`` None: the agent without ``--repair-config``) every report that asks for a
+  drain drains, under the same ownership rule.
 
-Pure, stdlib only: ``nodes`` are duck-typed like ``fleet.build_inputs``'s (name, state, flags, reason,
-reason_time, partitions, features), the report is the health report's dict (``Report.to_dict()``).
+Ownership is the rule of ``slurmfacts`` (through ``NodeState.foreign`` / ``drained_by``): a node out of service
+for someone else, or in a maintenance reservation, is left alone; a node we drained stays drained.
+
+Pure, stdlib only. Inputs are typed: ``me`` and ``before`` are ``NodeState`` (``before``: the other nodes out of
+service, hot spares among them or not), ``fleet`` the ``FleetSummary`` as read (the Slurm adapter's
+``slurm.repair_inputs.drain_inputs`` builds all three); the report is the health ``Report`` or its dict.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..slurmfacts import IN_MAINTENANCE, SPARE_REASON, in_maintenance
+from ..slurmfacts import IN_MAINTENANCE, REASON_PREFIX, SPARE_REASON
 from .config import RepairConfig
-from .fleet import _get, build_inputs, domains_of, out_of_service
-from .limits import Limits, breaker_trips
+from .limits import Limits, breaker_threshold, breaker_trips
 from .model import RepairError
 from .state import FleetSummary, NodeState
 
@@ -61,7 +67,9 @@ class DrainDecision:
     ``left_alone`` (out of service by someone else).
     ``forced`` is True when the node cannot run jobs now. ``reason`` is the Slurm reason to drain with,
     ``detail`` says why in words, ``breaker`` carries the circuit breaker's message when it is tripped (to be
-    shown loudly), ``rule`` names the rule that decided.
+    shown loudly), ``rule`` names the rule that decided. ``check_at`` (epoch seconds) is when the same inputs
+    could read otherwise with time alone (the tripped breaker's oldest counted drain leaves its window); None
+    when only a new report or a change in Slurm changes the answer (the agent checks again at its next run).
     """
 
     action: str
@@ -70,6 +78,7 @@ class DrainDecision:
     detail: str = ""
     breaker: Optional[str] = None
     rule: str = "none"
+    check_at: Optional[float] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -99,97 +108,68 @@ def wants_drain(report: Mapping[str, Any]) -> bool:
     return report.get("verdict") == "unhealthy" or bool(report.get("drain"))
 
 
-def _recent(node: Any, since: float) -> bool:
-    """The node's reason was set at or after ``since`` (a node out of service without a time is not recent)."""
-    t = _get(node, "reason_time")
-    return not isinstance(t, bool) and isinstance(t, (int, float)) and bool(t) and t >= since
+def drain_decision(report: Any, me: NodeState, fleet: FleetSummary, before: Sequence[NodeState],
+                   config: Optional[RepairConfig], now: float, *, reason: Optional[str] = None) -> DrainDecision:
+    """Decide whether the agent drains its own node ``me`` for ``report`` (see the module docstring).
 
-
-def drain_decision(
-    report: Any,
-    node: str,
-    nodes: Iterable[Any],
-    config: Any,
-    now: float,
-    *,
-    reason: Optional[str] = None,
-    spare_reason: str = SPARE_REASON,
-) -> DrainDecision:
-    """Decide whether the agent drains its own ``node`` for ``report`` (see the module docstring for the rule).
-
-    ``nodes``: the Slurm nodes read just now, ours among them (the whole fleet when the node cannot run jobs, for
-    the limits and the breaker the decision reports; ours alone is enough for a warning). ``config``: a
-    RepairConfig or its dict. ``report``: the health Report, or its dict with ``reason`` (the Slurm reason to
-    drain with; a Report gives its own ``drain_reason()``).
+    ``fleet``: the fleet as read now (the limits' view; a warning needs only ours). ``before``: the other nodes out
+    of service (the breaker counts those we drained within its window; hot spares never count). ``config``: the
+    repair policy's RepairConfig, or None for no limits. ``reason``: the Slurm reason to drain with (a Report gives
+    its own ``drain_reason()``); the decision's ``reason`` is the exact text to give Slurm.
     """
     if hasattr(report, "drain_reason") and hasattr(report, "to_dict"):  # the health brain's Report
         reason = reason or report.drain_reason()[:200]
         report = report.to_dict()
     if not isinstance(report, Mapping):
         raise RepairError(f"report: expected the health report (Report or its dict), got {type(report).__name__}")
-    if not isinstance(config, RepairConfig):
-        config = RepairConfig.from_dict(config)
+    if config is not None and not isinstance(config, RepairConfig):
+        raise RepairError(f"config: expected a RepairConfig or None (no limits), got {type(config).__name__}")
+    if not isinstance(me, NodeState) or not isinstance(fleet, FleetSummary):
+        raise RepairError("me, fleet: expected a NodeState and a FleetSummary (slurm.repair_inputs.drain_inputs)")
     if isinstance(now, bool) or not isinstance(now, (int, float)):
         raise RepairError(f"now: expected epoch seconds, got {now!r}")
     if not wants_drain(report):
         return DrainDecision("none", detail="the report does not ask for a drain")
-    if not isinstance(reason, str) or not reason.startswith(config.reason_prefix):
-        raise RepairError(f"reason: expected the drain reason, starting with {config.reason_prefix!r}, got {reason!r}")
+    prefix = REASON_PREFIX if config is None else config.reason_prefix
+    if not isinstance(reason, str) or not reason.startswith(prefix):
+        raise RepairError(f"reason: expected the drain reason, starting with {prefix!r}, got {reason!r}")
     forced = cannot_run_jobs(report)
-    nodes = list(nodes)
-    me = next((n for n in nodes if str(_get(n, "name")) == node), None)
-    if me is None:
-        raise RepairError(f"node: {node!r} is not among the Slurm nodes given")
-    current = str(_get(me, "reason") or "").strip()
-    if in_maintenance(str(_get(me, "state") or ""), _get(me, "flags") or ()):
-        return DrainDecision("left_alone", forced, None, IN_MAINTENANCE, rule="not_ours")
-    if out_of_service(me):
-        if current.startswith(config.reason_prefix):
-            return DrainDecision("already_drained", forced, current, f"already drained by us: {current}",
-                                 rule="already_drained")
-        state = str(_get(me, "state") or "")
-        return DrainDecision("left_alone", forced, None, f"out of service by someone else: {current or state}",
-                             rule="not_ours")
+    why = me.foreign(prefix)
+    if why is not None:
+        detail = why if why == IN_MAINTENANCE else f"out of service by someone else: {me.reason or me.state}"
+        return DrainDecision("left_alone", forced, None, detail, rule="not_ours")
+    if me.out_of_service:
+        return DrainDecision("already_drained", forced, me.reason, f"already drained by us: {me.reason}",
+                             rule="already_drained")
+    if config is None:
+        return DrainDecision("drain", forced, reason, "no limits configured: drained whenever the report asks",
+                             rule="no_limits")
     if not forced:
         return DrainDecision("defer", False, reason, DEFERRED, rule="one_writer")
-    # The fleet as the limits see it: ours in service, every other node as it is.
-    view: List[Any] = []
-    before: List[Any] = []
-    for n in nodes:
-        if str(_get(n, "name")) == node:
-            continue
-        view.append(n)
-        if out_of_service(n) and not (spare_reason and str(_get(n, "reason") or "").startswith(spare_reason)):
-            before.append(n)
-    parts = list(_get(me, "partitions") or ())
-    view.append({"name": node, "state": "idle", "flags": (), "reason": "", "partitions": parts,
-                 "features": list(_get(me, "features") or ())})
-    fleet, _attention, _spares = build_inputs(view, spare_reason=spare_reason)
-    rec = {"name": node, "partitions": parts, "state": "IDLE",
-           "domains": domains_of(_get(me, "features") or (), {"rack": "rack", "switch": "switch"})}
-    return drain_verdict(NodeState.from_dict(rec, 0), FleetSummary.from_dict(fleet), before, config, now,
-                         forced=forced, reason=reason)
-
-
-def drain_verdict(me: NodeState, fl: FleetSummary, before: Iterable[Any], config: RepairConfig, now: float, *,
-                  forced: bool, reason: str) -> DrainDecision:
-    """The last part of :func:`drain_decision`, for a caller that already has the fleet as the limits see it
-    (``fl``: ours in service) and the nodes out of service (``before``, duck-typed: name, reason, reason_time),
-    such as the simulator, which keeps its fleet as counts. ``forced``: the node cannot run jobs now
-    (:func:`cannot_run_jobs`); ``reason``: the Slurm reason to drain with."""
-    if not forced:
-        return DrainDecision("defer", False, reason, DEFERRED, rule="one_writer")
-    block = Limits(fl, config).drain_block(me)
-    brk = None
-    if config.breaker_enabled:
-        since = now - config.breaker_window_s
-        prefix = config.reason_prefix
-        recent = [n for n in before if str(_get(n, "reason") or "").startswith(prefix) and _recent(n, since)]
-        why = breaker_trips(config, fl.total, len(recent) + 1, "nodes drained by gpufleet")
-        if why is not None:
-            brk = (f"circuit breaker tripped: {why}; warning drains stop, nodes that cannot run jobs are still "
-                   "drained; a person must look")
+    block = Limits(fleet, config).drain_block(me)
+    brk, check_at = _breaker(before, fleet.total, config, now, me.name)
     detail = "cannot run jobs now: drained at once"
     if block:
         detail += f" (counts against the limits: {block})"
-    return DrainDecision("drain", True, reason, detail, brk, rule="cannot_run_jobs")
+    return DrainDecision("drain", True, reason, detail, brk, rule="cannot_run_jobs", check_at=check_at)
+
+
+def _breaker(before: Sequence[NodeState], total: int, config: RepairConfig, now: float,
+             me: str) -> Tuple[Optional[str], Optional[float]]:
+    """The breaker as the agent counts it (``limits.breaker_trips``): nodes drained by us within the window, ours
+    included; (its message when tripped, when enough of those drains leave the window for it to clear)."""
+    if not config.breaker_enabled:
+        return None, None
+    since = now - config.breaker_window_s
+    times: List[float] = sorted(
+        n.reason_time for n in before
+        if n.name != me and n.reason_time is not None and n.reason_time >= since and n.drained_by(config.reason_prefix)
+        and not n.reason.startswith(SPARE_REASON))
+    why = breaker_trips(config, total, len(times) + 1, "nodes drained by gpufleet")
+    if why is None:
+        return None, None
+    # count = k - j + 1 once the j oldest have left: below the threshold from the (k + 2 - threshold)-th on
+    j = len(times) + 1 - breaker_threshold(config, total)
+    check_at = times[j] + config.breaker_window_s if 0 <= j < len(times) else None
+    return (f"circuit breaker tripped: {why}; warning drains stop, nodes that cannot run jobs are still drained; "
+            "a person must look"), check_at

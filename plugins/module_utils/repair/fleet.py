@@ -24,6 +24,10 @@ from ..slurmfacts import SPARE_REASON
 from ..slurmfacts import busy as _busy
 from ..slurmfacts import out_of_service as _out_of_service
 from .history import HistoryError, is_ours, loads
+from .state import Counts, FleetSummary
+
+#: Node feature prefixes that name a failure domain (``rack_r12`` or ``rack=r12``: rack r12).
+DOMAIN_PREFIXES: Mapping[str, str] = {"rack": "rack", "switch": "switch"}
 
 
 def _get(node: Any, key: str, default: Any = None) -> Any:
@@ -78,15 +82,15 @@ def build_inputs(
     partitions: Optional[Iterable[str]] = None,
     domain_prefixes: Optional[Mapping[str, str]] = None,
     report_errors: Optional[Mapping[str, str]] = None,
-) -> Tuple[Dict[str, Any], List[Dict[str, Any]], List[str]]:
-    """Returns (fleet summary, attention records, spare names).
+) -> Tuple[FleetSummary, List[Dict[str, Any]], List[str]]:
+    """Returns (the fleet summary, typed; attention records; spare names).
 
     ``report_errors``: node name -> why its report could not be read (a truncated file); such a node needs
     attention and its record carries ``report_error`` (the policy holds it, naming the problem)."""
     reports = reports or {}
     report_errors = report_errors or {}
     report_times = report_times or {}
-    domain_prefixes = {"rack": "rack", "switch": "switch"} if domain_prefixes is None else dict(domain_prefixes)
+    domain_prefixes = dict(DOMAIN_PREFIXES if domain_prefixes is None else domain_prefixes)
     wanted = set(partitions) if partitions else None
     parts: Dict[str, Dict[str, Any]] = {}
     doms: Dict[str, Dict[str, Dict[str, int]]] = {}
@@ -141,5 +145,9 @@ def build_inputs(
             )
             if name in report_errors:
                 attention[-1]["report_error"] = str(report_errors[name])
-    fleet = {"total": total, "partitions": parts, "domains": doms}
+    fleet = FleetSummary(
+        total,
+        {p: Counts(e["total"], e["available"], e["unavailable"], sorted(e["spares_idle"])) for p, e in parts.items()},
+        {kind: {d: Counts(e["total"], e["available"], e["unavailable"]) for d, e in members.items()}
+         for kind, members in doms.items()})
     return fleet, attention, spares

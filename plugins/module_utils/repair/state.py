@@ -63,6 +63,13 @@ class Counts:
             )
         return cls(vals["total"], vals["available"], vals["unavailable"], spares)
 
+    def to_dict(self, spares: bool = True) -> Dict[str, Any]:
+        """As plain data (a body's report): ``spares_idle`` only for a partition (``spares``)."""
+        out: Dict[str, Any] = {"total": self.total, "available": self.available, "unavailable": self.unavailable}
+        if spares:
+            out["spares_idle"] = list(self.spares)
+        return out
+
 
 @dataclass
 class FleetSummary:
@@ -109,6 +116,14 @@ class FleetSummary:
         if isinstance(total, bool) or not isinstance(total, int) or total < 0:
             raise RepairError(f"fleet.total: expected an integer >= 0, got {total!r}")
         return cls(total, parts, doms_raw)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """As plain data, the shape ``from_dict`` reads (a body's report of the fleet it planned with)."""
+        doms = {kind: {name: self.domain(kind, name).to_dict(spares=False)  # type: ignore[union-attr]
+                       for name in members}
+                for kind, members in self.domains.items()}
+        return {"total": self.total, "partitions": {p: c.to_dict() for p, c in self.partitions.items()},
+                "domains": doms}
 
 
 # ------------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
-from ..repair.fleet import build_inputs
+from ..repair.fleet import DOMAIN_PREFIXES, build_inputs, domains_of
 from ..repair.state import FleetSummary, JobInfo, NodeState, history_fields
 from ..slurmfacts import SPARE_REASON
 from .errors import SlurmError
@@ -67,14 +67,40 @@ def repair_inputs(nodes: Iterable[Node], reports: Optional[Mapping[str, Mapping[
                   report_errors: Optional[Mapping[str, str]] = None) -> RepairInputs:
     """The policy's typed inputs for a fleet read from Slurm (one pass, through ``build_inputs``)."""
     by_name = {n.name: n for n in nodes}
-    counts, attention, spares = build_inputs(
+    fleet, attention, spares = build_inputs(
         by_name.values(), reports, report_times, history_field=history_field, spare_reason=spare_reason,
         partitions=partitions, domain_prefixes=domain_prefixes, report_errors=report_errors)
     states = [node_state(by_name[rec["name"]], history_field=history_field, partitions=rec["partitions"],
                          domains=rec["domains"], report=rec["report"], report_time=rec["report_time"],
                          report_error=rec.get("report_error"))
               for rec in attention]
-    return RepairInputs(FleetSummary.from_dict(counts), states, spares, counts)
+    return RepairInputs(fleet, states, spares, fleet.to_dict())
+
+
+@dataclass
+class DrainInputs:
+    """What ``repair.drain.drain_decision`` takes besides the report: our node, the fleet as read, and the other
+    nodes out of service (``before``, for the breaker)."""
+
+    me: NodeState
+    fleet: FleetSummary
+    before: List[NodeState]
+
+
+def drain_inputs(nodes: Iterable[Node], name: str, *, spare_reason: str = SPARE_REASON,
+                 domain_prefixes: Optional[Mapping[str, str]] = None) -> DrainInputs:
+    """The drain rule's typed inputs for node ``name`` from the Slurm nodes read just now (ours among them; the
+    whole fleet when the limits matter, ours alone for a warning)."""
+    by_name = {n.name: n for n in nodes}
+    if name not in by_name:
+        raise SlurmError(f"node {name!r} is not among the Slurm nodes read")
+    fleet, _attention, _spares = build_inputs(by_name.values(), spare_reason=spare_reason,
+                                              domain_prefixes=domain_prefixes)
+    prefixes = DOMAIN_PREFIXES if domain_prefixes is None else domain_prefixes
+    mine = by_name[name]
+    me = node_state(mine, domains=domains_of(mine.features, prefixes))
+    before = [node_state(n) for n in by_name.values() if n.name != name and n.out_of_service]
+    return DrainInputs(me, fleet, before)
 
 
 def read_jobs(states: Iterable[NodeState], node_jobs: Callable[[str, Sequence[str]], List[Dict[str, Any]]],

@@ -45,7 +45,8 @@ def test_typed_inputs_equal_the_brains_reading_of_its_own_records():
     got = repair_inputs(FLEET, REPORTS, TIMES, report_errors={"n3": "n3.json: truncated"})
     counts, attention, spares = build_inputs(FLEET, REPORTS, TIMES, report_errors={"n3": "n3.json: truncated"})
     assert got.nodes == [NodeState.from_dict(rec, i) for i, rec in enumerate(attention)]
-    assert got.fleet == FleetSummary.from_dict(counts) and got.counts == counts
+    assert got.fleet == counts and got.counts == counts.to_dict()
+    assert FleetSummary.from_dict(got.counts).to_dict() == got.counts  # the JSON edge reads back what it wrote
     assert got.spares == spares == ["s1"]
     assert [s.name for s in got.nodes] == ["n1", "n2", "n3", "n5"]
 

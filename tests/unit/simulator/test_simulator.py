@@ -232,7 +232,8 @@ def test_every_repair_decision_is_a_real_plan_call():
     assert brain.calls["plan"] == sim.stats["brain_calls"] > 0
     assert set(brain.calls) == {"judge", "judge_cached", "plan", "drain_rule"}
     # every drain the agent makes is one call of its drain rule
-    assert brain.calls["drain_rule"] == sim.stats["agent_drains"] + sim.stats["agent_deferred"]
+    assert brain.calls["drain_rule"] == (sim.stats["agent_drains"] + sim.stats["agent_deferred"]
+                                         + sim.stats["agent_no_drain"])
 
 
 def test_user_policy_yaml_and_rack_outage(tmp_path):

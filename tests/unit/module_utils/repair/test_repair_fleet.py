@@ -26,7 +26,9 @@ def nodes():
 
 
 def test_counts_spares_and_attention():
-    fleet, attention, spares = build_inputs(nodes(), {"n3": SICK, "n1": OK}, {"n3": NOW - 5}, partitions=["gpu"])
+    summary, attention, spares = build_inputs(nodes(), {"n3": SICK, "n1": OK}, {"n3": NOW - 5}, partitions=["gpu"])
+    assert summary.partitions["gpu"].spares == ["sp1"] and summary.domain("rack", "r1").available == 1
+    fleet = summary.to_dict()
     assert fleet["total"] == 5
     assert fleet["partitions"]["gpu"] == {"total": 5, "available": 3, "unavailable": 2, "spares_idle": ["sp1"]}
     assert "cpu" not in fleet["partitions"]
@@ -41,7 +43,7 @@ def test_counts_spares_and_attention():
 
 def test_all_partitions_and_comment_field():
     fleet, attention, _s = build_inputs(nodes(), history_field="comment")
-    assert set(fleet["partitions"]) == {"gpu", "debug", "cpu"}
+    assert set(fleet.partitions) == {"gpu", "debug", "cpu"}
     assert "n5" not in {a["name"] for a in attention}  # its history is in extra, not comment
 
 
@@ -60,4 +62,4 @@ def test_leftover_reason_on_an_idle_node_counts_for_nothing():
     ]
     fleet, attention, spares = build_inputs(leftovers, {"n1": OK, "n2": OK})
     assert spares == [] and attention == []
-    assert fleet["partitions"]["gpu"] == {"total": 3, "available": 3, "unavailable": 0, "spares_idle": []}
+    assert fleet.to_dict()["partitions"]["gpu"] == {"total": 3, "available": 3, "unavailable": 0, "spares_idle": []}
