@@ -23,7 +23,7 @@ nothing.
 from __future__ import annotations
 
 import re
-from typing import AbstractSet, Iterable, Optional
+from typing import AbstractSet, Iterable, Optional, Tuple
 
 #: The prefix of every Slurm reason we set (the repair policy's ``reason_prefix`` defaults to it).
 REASON_PREFIX = "gpufleet:"
@@ -111,6 +111,36 @@ def drain_reason(code: str, gpu: Optional[object] = None, pci: Optional[str] = N
     """The Slurm reason of a drain for a finding: ``gpufleet: <code>``, then `` gpu<N>`` when one GPU is meant
     (else `` <pci>`` when only its PCI address is known)."""
     return f"{prefix} {code}" + (f" gpu{gpu}" if gpu is not None else (f" {pci}" if pci else ""))
+
+
+def drain_flagged(state: Optional[str], flags: Iterable[str] = ()) -> bool:
+    """The node carries a drain (the DRAIN or FAIL flag, or a drained/draining/failing base state): it stays out of
+    service when its slurmd registers. A node that is only DOWN does not: Slurm returns it to service when it
+    registers (``ReturnToService``)."""
+    words = str(state or "").upper().replace("*", "").split("+")
+    marks = set(words[1:]) | {str(f).upper() for f in flags}
+    return not OUT_FLAGS.isdisjoint(marks) or words[0] in OUT_STATES - {"DOWN"}
+
+
+def startup_action(state: Optional[str], flags: Iterable[str], reason: Optional[str],
+                   failed: Optional[str]) -> Tuple[str, Optional[str]]:
+    """What the startup runner does with its own node at boot: (``drain`` | ``resume`` | ``kept`` | ``none``, the
+    reason). ``failed``: the reason to drain with when a startup script failed (``STARTUP_REASON`` + the script).
+
+    The runner works before slurmd starts, when the node is normally DOWN (not responding), so it asks whether the
+    node carries a drain (:func:`drain_flagged`), not whether it is out of service: a failed startup drains a node
+    that is only DOWN, so that it takes no jobs when slurmd registers it; a drain that is someone else's (a reason
+    not ours) is kept as it is; a success takes back only the runner's own drain (``STARTUP_REASON``)."""
+    reason = str(reason or "")
+    drained = drain_flagged(state, flags)
+    ours = reason.startswith(STARTUP_REASON)
+    if failed is not None:
+        if drained and (not ours or reason == failed):
+            return "kept", reason  # someone else's drain stays theirs; ours with this reason is already there
+        return "drain", failed
+    if drained:
+        return ("resume" if ours else "kept"), reason
+    return "none", None
 
 
 # ---- jobs ---------------------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..fileutil import atomic_write
-from ..slurmfacts import STARTUP_REASON, drain_reason
+from ..slurmfacts import STARTUP_REASON, drain_reason, startup_action
 from .scripts import ScriptMeta, discover, unmanaged
 
 REASON_PREFIX = STARTUP_REASON
@@ -304,28 +304,14 @@ class Runner:
             state = client.node(node)
             flags = frozenset(getattr(state, "flags", ()) or ())
             reason = getattr(state, "reason", None) or ""
-            drained = "DRAIN" in flags
             out["before"] = {"flags": sorted(flags), "reason": reason}
-            ours = reason.startswith(REASON_PREFIX)
-            if failed is not None:
-                want = drain_reason(failed, prefix=REASON_PREFIX)
-                if drained and not ours:
-                    out["action"] = "kept"  # drained by someone else: keep their reason, it stays out anyway
-                    out["reason"] = reason
-                elif drained and reason == want:
-                    out["action"] = "kept"
-                    out["reason"] = reason
-                else:
-                    client.drain([node], want)
-                    out["action"] = "drain"
-                    out["reason"] = want
-            elif drained and ours:
+            want = None if failed is None else drain_reason(failed, prefix=REASON_PREFIX)
+            action, out["reason"] = startup_action(getattr(state, "state", ""), flags, reason, want)
+            if action == "drain":
+                client.drain([node], want)
+            elif action == "resume":
                 client.resume([node])
-                out["action"] = "resume"
-                out["reason"] = reason
-            elif drained:
-                out["action"] = "kept"  # not ours to resume
-                out["reason"] = reason
+            out["action"] = action
         except SlurmError as exc:
             out["error"] = str(exc)
         except (OSError, ValueError) as exc:

@@ -83,3 +83,24 @@ def test_the_roles_filter_gives_the_same_reason():
     f = FilterModule().filters()["drain_reason"]
     assert f("xid79", 3) == slurmfacts.drain_reason("xid79", 3) == "gpufleet: xid79 gpu3"
     assert f("node_power_brake", None, "site-gpufleet:") == "site-gpufleet: node_power_brake"
+
+
+@pytest.mark.parametrize("state,flags,reason,failed,want", [
+    # a failed startup drains a node that is only DOWN (the usual state before slurmd registers) or in service
+    ("down", (), "Not responding", "gpufleet: startup 10-gpu", ("drain", "gpufleet: startup 10-gpu")),
+    ("idle", (), "", "gpufleet: startup 10-gpu", ("drain", "gpufleet: startup 10-gpu")),
+    # ... keeps someone else's drain or failure, and our own drain with the same reason
+    ("idle", ("DRAIN",), "ops: cable", "gpufleet: startup 10-gpu", ("kept", "ops: cable")),
+    ("down", ("FAIL",), "ops: dimm", "gpufleet: startup 10-gpu", ("kept", "ops: dimm")),
+    ("DRAINED", (), "ops: cable", "gpufleet: startup 10-gpu", ("kept", "ops: cable")),
+    ("idle", ("DRAIN",), "gpufleet: startup 10-gpu", "gpufleet: startup 10-gpu", ("kept", "gpufleet: startup 10-gpu")),
+    # ... and replaces our own drain of another script
+    ("idle", ("DRAIN",), "gpufleet: startup 20-ib", "gpufleet: startup 10-gpu", ("drain", "gpufleet: startup 10-gpu")),
+    # a success takes back only the runner's own drain
+    ("down", ("DRAIN",), "gpufleet: startup 10-gpu", None, ("resume", "gpufleet: startup 10-gpu")),
+    ("idle", ("DRAIN",), "gpufleet: xid79 gpu3", None, ("kept", "gpufleet: xid79 gpu3")),
+    ("idle+drain", (), "ops: cable", None, ("kept", "ops: cable")),
+    ("down", (), "Not responding", None, ("none", None)),
+])
+def test_startup_action_is_the_runners_rule(state, flags, reason, failed, want):
+    assert slurmfacts.startup_action(state, flags, reason, failed) == want
