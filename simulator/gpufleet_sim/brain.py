@@ -71,7 +71,7 @@ class CollectionBrain:
 
     # --- the node agent's drain rule ----------------------------------------------------------------------------
     def drain_rule(self, verdict: dict, me: _repair.NodeState, fleet: _repair.FleetSummary,
-                   before: Sequence[_repair.NodeState], now_h: float) -> DrainDecision:
+                   before: Iterable[_repair.NodeState], now_h: float) -> DrainDecision:
         """What the node agent does with its own node ``me`` on this judge() result: the shipped rule
         (``repair.drain.drain_decision``, as ``gpufleet-health check --repair-config`` calls it) on the inputs the
         Slurm adapter would build: the fleet as read (``fleet``, counts) and the nodes out of service (``before``:

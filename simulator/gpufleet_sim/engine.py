@@ -32,19 +32,25 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import
     loads,
 )
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.drain import wants_drain
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.model import (
+    RULE_BLAST_RADIUS_DRAIN,
+    RULE_BREAKER,
+    RULE_DRAINING,
+    RULE_EVICTION_LIMIT,
+    RULE_JOB_KEPT,
+    RULE_LEMON,
+)
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.state import JobInfo
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm.node import Node
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurmfacts import drain_reason
 
 from .brain import PARTITION, to_epoch, to_hours
 from .scenario import LEVEL
+from .vslurm import VirtualSlurm
 
 H = 1.0 / 60.0  # one minute in hours
-_DRAIN = frozenset({"DRAIN"})
-_NO_FLAGS: frozenset = frozenset()
 # plan()'s decisions on a node drained by us with a job still on it (repair.rules: draining, evict, ...)
 ACT_EVICT, ACT_WAIT, ACT_HOLD = "evict", "wait", "hold"
-RULE_DRAINING, RULE_JOB_KEPT, RULE_EVICTION_LIMIT = "draining", "job_kept", "eviction_limit"
 JOB_CHECKPOINT_REQUEUE, JOB_REQUEUE = "checkpoint_requeue", "requeue"
 KEPT = "kept"  # the job keeps the node (jobs.action wait, a job kept, the eviction limit)
 _KEPT_BY = {(ACT_WAIT, RULE_DRAINING), (ACT_WAIT, RULE_JOB_KEPT), (ACT_HOLD, RULE_EVICTION_LIMIT)}
@@ -293,6 +299,7 @@ class Sim:
         # every policy run with the same seed meets the same faults at the same times (sharper comparisons)
         self.frng = {f["name"]: self.stream("fault:" + f["name"]) for f in sc["faults"]}
         self.env = simpy.Environment()
+        self.vslurm = VirtualSlurm(lambda: float(to_epoch(self.env.now)))
         cl = sc["cluster"]
         self.N = cl["nodes"]
         self.gpn = cl["gpus_per_node"]
@@ -869,12 +876,13 @@ class Sim:
         else:
             self.rack_out.pop(r, None)
 
-    def out_of_service(self) -> list:
+    def out_of_service(self):
         """The Slurm records of the nodes out of service that carry a reason and its time (the drains the agent's
-        breaker counts); nodes down without a record have neither."""
+        breaker counts); nodes down without a record have neither. A generator: the drain rule reads it only for a
+        node that cannot run jobs, so a warning costs nothing per node out of service."""
         recs = self.recs
-        return [rec.slurm for rec in (recs.get(n) for n in self.out_nodes)
-                if rec is not None and rec.slurm is not None and rec.slurm.out_of_service]
+        return (rec.slurm for rec in (recs.get(n) for n in self.out_nodes)
+                if rec is not None and rec.slurm is not None and rec.slurm.out_of_service)
 
     def fleet_summary(self, batch, spares: bool = True) -> FleetSummary:
         """The whole fleet as one repair run reads it: counts for the partition and for each rack of the nodes
@@ -960,22 +968,20 @@ class Sim:
             v = self._report_for(rec)
         now_s = float(to_epoch(env.now))
         sl = self._slurm(n)
+        vs = self.vslurm
         if sl.jobs:  # the job has left the node (evicted, or crashed off it): Slurm shows no job on it
-            sl.jobs = ()
-        if proactive and sl.state == "allocated":
-            sl.state = "idle"
+            vs.jobs(sl, ())
+        vs.job_left(sl)
         if not proactive:  # a proactive drain (agent or plan) left the record drained by us, with its history
             # a fault: the node cannot run jobs (the live probe, which the simulator does not replay, finds the GPU
             # lost or in need of a reset), so the agent's rule drains it at once when its report asks for a drain
             if wants_drain(v["report"]):
-                sl.state, sl.flags, sl.reason, sl.reason_user = "idle", _DRAIN, v["drain_reason"], "root"
+                vs.drain((sl.name,), v["drain_reason"])
             elif v["verdict"] == "healthy":  # nothing a check sees: Slurm finds the node not responding
-                sl.state, sl.flags, sl.reason, sl.reason_user = "down", _NO_FLAGS, "Not responding", "slurm"
+                vs.not_responding(sl)
             else:  # a warning the agent leaves in service: the repair run's plan() drains it (TTL, limits)
-                sl.state, sl.flags, sl.reason, sl.reason_user = "idle", _NO_FLAGS, "", ""
-            sl.reason_time = now_s if sl.reason else None
-            sl.report_time = now_s
-            sl.report = v["report"]
+                vs.resume((sl.name,))
+            vs.report(sl, v["report"], now_s)
         approvals: set = set()
         at = env.now
         for _guard in range(200):
@@ -986,17 +992,17 @@ class Sim:
             if a == "wait":
                 h = d.hist
                 if h is not None:
-                    sl.history = h
+                    vs.history(sl, h)
                 at = max(to_hours(d.earliest), env.now + H)
                 continue
             if a in ("hold", "escalate"):
                 # the brain hands the node to a person: someone diagnoses it and fixes it by hand
                 if a == "escalate" and d.hist_after is not None:
-                    sl.history = d.hist_after
+                    vs.history(sl, d.hist_after)
                 elif d.hist is not None:
-                    sl.history = d.hist
+                    vs.history(sl, d.hist)
                 self.stats["escalations"] += 1
-                if d.rule == "breaker":
+                if d.rule == RULE_BREAKER:
                     yield env.timeout(self.human_ready(env.now) - env.now)
                     self.reset_breaker()
                     at = env.now
@@ -1007,8 +1013,8 @@ class Sim:
                     if ok:
                         break
                 fixed = True
-                sl.state, sl.flags, sl.reason, sl.reason_user, sl.reason_time = "idle", _NO_FLAGS, "", "", None
-                sl.report, sl.report_time = self.brain.healthy_report()["report"], float(to_epoch(env.now))
+                vs.resume((sl.name,))
+                vs.report(sl, self.brain.healthy_report()["report"], float(to_epoch(env.now)))
                 break
             if d.needs_approval and not d.approved:
                 yield env.timeout(self.approval_delay(env.now) - env.now)
@@ -1018,18 +1024,17 @@ class Sim:
             if mode == "manual":
                 yield env.timeout(self.human_ready(env.now) - env.now)
             if d.hist_after is not None:
-                sl.history = d.hist_after
+                vs.history(sl, d.hist_after)
             if a == "drain":
-                sl.state, sl.flags, sl.reason, sl.reason_user = "idle", _DRAIN, drain_reason(d.code, d.gpu), "root"
-                sl.reason_time = float(to_epoch(env.now))
+                vs.drain((sl.name,), drain_reason(d.code, d.gpu))
                 at = env.now
                 continue
             if a == "resume":
-                sl.state, sl.flags, sl.reason, sl.reason_user, sl.reason_time = "idle", _NO_FLAGS, "", "", None
+                vs.resume((sl.name,))
                 fixed = True
                 break
             if a in LEVEL:
-                if d.rule == "lemon":
+                if d.rule == RULE_LEMON:
                     self.stats["retired"] += 1
                 if mode == "manual" or a == "replace":
                     ok = yield from self._by_hand(rec, a)
@@ -1041,11 +1046,11 @@ class Sim:
                 if a == "reset_gpu":
                     h = loads(sl.history).copy()  # the record's History (or none yet), never changed in place
                     h.ran(proved)
-                    sl.history = h
+                    vs.history(sl, h)
                 elif a == "reboot":
-                    sl.boot_time = float(proved)
+                    vs.booted(sl, float(proved))
                 rep = self.brain.healthy_report() if ok else self._report_for(rec)
-                sl.report, sl.report_time = rep["report"], float(max(to_epoch(env.now), proved + 1))
+                vs.report(sl, rep["report"], float(max(to_epoch(env.now), proved + 1)))
                 at = env.now
                 continue
             raise RuntimeError(f"repair brain returned an action the simulator does not know: {a}")
@@ -1061,7 +1066,7 @@ class Sim:
         """The node's virtual Slurm record (kept with its repair history for the node's life)."""
         rec = self._rec(n)
         if rec.slurm is None:
-            rec.slurm = NodeState(f"node{n:06d}", (PARTITION,), {"rack": f"r{n // self.rack}"})
+            rec.slurm = self.vslurm.add(NodeState(f"node{n:06d}", (PARTITION,), {"rack": f"r{n // self.rack}"}))
         return rec.slurm
 
     def slurm_nodes(self) -> list:
@@ -1107,21 +1112,23 @@ class Sim:
         if not alive() or v["verdict"] == "healthy":
             return False
         sl = self._slurm(n)
-        sl.state, sl.flags, sl.reason, sl.reason_user, sl.reason_time = "allocated", _NO_FLAGS, "", "", None
-        sl.report, sl.report_time = v["report"], float(to_epoch(env.now))
+        vs = self.vslurm
+        vs.resume((sl.name,))
+        vs.job_started(sl)
+        vs.report(sl, v["report"], float(to_epoch(env.now)))
         dd = self.brain.drain_rule(v, sl, self.fleet_summary((n,), spares=False), self.out_of_service(), env.now)
         if dd.action == "drain":
             self.stats["agent_drains"] += 1
-            sl.state, sl.flags, sl.reason, sl.reason_user = "idle", _DRAIN, dd.reason, "root"
-            sl.reason_time = float(to_epoch(env.now))
+            vs.job_left(sl)
+            vs.drain((sl.name,), dd.reason)
             return True
         self.stats["agent_deferred" if dd.action == "defer" else "agent_no_drain"] += 1
         d = yield from self._plan_until(n, sl, self.next_run(env.now), deadline, alive, "drain", self._drain_retry)
         if d is None or d.action != "drain":
             return False  # held, nothing to do (monitoring, a person's call), or too late: it stays in service
         self.stats["plan_drains"] += 1
-        sl.state, sl.flags, sl.reason, sl.reason_user = "idle", _DRAIN, drain_reason(d.code, d.gpu), "root"
-        sl.reason_time = float(to_epoch(env.now))
+        vs.job_left(sl)
+        vs.drain((sl.name,), drain_reason(d.code, d.gpu))
         return True
 
     def _drain_retry(self, d) -> float | None:
@@ -1129,7 +1136,7 @@ class Sim:
         the breaker holds it; None: plan() decided otherwise, the node stays in service."""
         if d.action == "wait":
             return max(to_hours(d.earliest), self.env.now + H)
-        if d.action == "hold" and d.rule in ("blast_radius_drain", "breaker"):
+        if d.action == ACT_HOLD and d.rule in (RULE_BLAST_RADIUS_DRAIN, RULE_BREAKER):
             return self.env.now + H
         return None
 
@@ -1148,7 +1155,7 @@ class Sim:
                 return None
             d = self._decided[n]
             if d.hist is not None:
-                sl.history = d.hist
+                self.vslurm.history(sl, d.hist)
             if d.action != action:
                 again = retry(d)
                 if again is None:
@@ -1167,7 +1174,7 @@ class Sim:
                 if not alive():
                     return None
             if d.hist_after is not None:
-                sl.history = d.hist_after
+                self.vslurm.history(sl, d.hist_after)
             return d
         return None
 
@@ -1179,8 +1186,8 @@ class Sim:
         came first. The engine adds no rule of its own: every job action is one plan() decision."""
         env = self.env
         sl = self._slurm(n)
-        sl.state, sl.flags = "allocated", _DRAIN
-        sl.jobs = (JobInfo(str(job.idx + 1), "RUNNING"),)
+        self.vslurm.job_started(sl)  # drained by us with the job still on it
+        self.vslurm.jobs(sl, (JobInfo(str(job.idx + 1), "RUNNING"),))
         d = yield from self._plan_until(n, sl, self.next_run(env.now + H), deadline, alive, ACT_EVICT,
                                         self._job_retry)
         if d is None:
@@ -1222,8 +1229,9 @@ class Sim:
         rec = self.recs.get(n)
         sl = rec.slurm if rec is not None else None
         if sl is not None and self.owner[n] != -2:
-            sl.state, sl.flags, sl.reason, sl.reason_user, sl.reason_time = "allocated", _NO_FLAGS, "", "", None
-            sl.jobs = None
+            self.vslurm.resume((sl.name,))
+            self.vslurm.job_started(sl)
+            self.vslurm.jobs(sl, None)
 
     def _by_hand(self, rec: NodeRec, action: str, wait_for_hours: bool = False):
         """A step a person carries out (a held or escalated node, every step in manual mode, a replacement): with a

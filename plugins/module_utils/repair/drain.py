@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from ..slurmfacts import IN_MAINTENANCE, REASON_PREFIX, SPARE_REASON
 from .config import RepairConfig
@@ -108,14 +108,15 @@ def wants_drain(report: Mapping[str, Any]) -> bool:
     return report.get("verdict") == "unhealthy" or bool(report.get("drain"))
 
 
-def drain_decision(report: Any, me: NodeState, fleet: FleetSummary, before: Sequence[NodeState],
+def drain_decision(report: Any, me: NodeState, fleet: FleetSummary, before: Iterable[NodeState],
                    config: Optional[RepairConfig], now: float, *, reason: Optional[str] = None) -> DrainDecision:
     """Decide whether the agent drains its own node ``me`` for ``report`` (see the module docstring).
 
     ``fleet``: the fleet as read now (the limits' view; a warning needs only ours). ``before``: the other nodes out
-    of service (the breaker counts those we drained within its window; hot spares never count). ``config``: the
-    repair policy's RepairConfig, or None for no limits. ``reason``: the Slurm reason to drain with (a Report gives
-    its own ``drain_reason()``); the decision's ``reason`` is the exact text to give Slurm.
+    of service, read once and only for a node that cannot run jobs (the breaker counts those we drained within its
+    window; hot spares never count). ``config``: the repair policy's RepairConfig, or None for no limits.
+    ``reason``: the Slurm reason to drain with (a Report gives its own ``drain_reason()``); the decision's
+    ``reason`` is the exact text to give Slurm.
     """
     if hasattr(report, "drain_reason") and hasattr(report, "to_dict"):  # the health brain's Report
         reason = reason or report.drain_reason()[:200]
@@ -154,7 +155,7 @@ def drain_decision(report: Any, me: NodeState, fleet: FleetSummary, before: Sequ
     return DrainDecision("drain", True, reason, detail, brk, rule="cannot_run_jobs", check_at=check_at)
 
 
-def _breaker(before: Sequence[NodeState], total: int, config: RepairConfig, now: float,
+def _breaker(before: Iterable[NodeState], total: int, config: RepairConfig, now: float,
              me: str) -> Tuple[Optional[str], Optional[float]]:
     """The breaker as the agent counts it (``limits.breaker_trips``): nodes drained by us within the window, ours
     included; (its message when tripped, when enough of those drains leave the window for it to clear)."""

@@ -32,6 +32,14 @@ SEVERITY = {"none": 0, "monitor": 0, "reset_gpu": 1, "reboot": 2, "reimage": 3, 
 #: Failure classes the policy distinguishes.
 FAILURE_CLASSES = ("gpu_memory", "gpu_lost", "nvlink", "thermal", "software", "probe", "gpu", "other")
 MODES = ("automatic", "approval")
+#: Rule names (``Decision.rule``) a body branches on; rules.py gives them and a body compares with these names,
+#: never with a literal of its own.
+RULE_BREAKER = "breaker"  # held: the circuit breaker is tripped, a person checks the fleet and resets it
+RULE_LEMON = "lemon"  # retired (or escalated): too many incidents in the lemon window
+RULE_BLAST_RADIUS_DRAIN = "blast_radius_drain"  # held: draining it would break a blast-radius limit
+RULE_DRAINING = "draining"  # wait: drained by us, its jobs still ending
+RULE_JOB_KEPT = "job_kept"  # wait: a job opted out of eviction keeps the node
+RULE_EVICTION_LIMIT = "eviction_limit"  # held: evicting its jobs would break the eviction limit
 VERDICTS = ("healthy", "degraded", "unhealthy", "unknown")
 
 # One- or two-letter codes used by the compact history (see history.py). Never reuse a code.

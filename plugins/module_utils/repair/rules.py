@@ -46,7 +46,21 @@ from .classify import classify
 from .config import RepairConfig
 from .history import MAX_EVICT_JOBS, Eviction, History, Incident, Step, loads
 from .limits import Limits, budget_free_at
-from .model import CHANGING_ACTIONS, REPAIR_STEPS, SEVERITY, BreakerState, Decision, HookCall, JobStep
+from .model import (
+    CHANGING_ACTIONS,
+    REPAIR_STEPS,
+    RULE_BLAST_RADIUS_DRAIN,
+    RULE_BREAKER,
+    RULE_DRAINING,
+    RULE_EVICTION_LIMIT,
+    RULE_JOB_KEPT,
+    RULE_LEMON,
+    SEVERITY,
+    BreakerState,
+    Decision,
+    HookCall,
+    JobStep,
+)
 from .state import JobInfo
 
 # Steps done by someone else (a hook): a sick report meanwhile does not fail them; they end healthy or time out.
@@ -356,7 +370,7 @@ def drain_requested(c: Case) -> Optional[Decision]:
     if not c.n.out_of_service:
         if c.brk.tripped:
             return c.mk("hold", f"should drain ({what}) but the circuit breaker is tripped ({c.brk.reason}); a "
-                        "person must reset it", "breaker", hist=c.before())
+                        "person must reset it", RULE_BREAKER, hist=c.before())
         return limited_drain(c, c.mk, what, f"degraded ({what}) and the health check asks for the node out of service",
                              "drain_requested", hist=c.before())
     return c.mk(
@@ -388,7 +402,7 @@ def healthy(c: Case) -> Optional[Decision]:
         return c.mk(
             "hold",
             f"healthy but the circuit breaker is tripped ({c.brk.reason})",
-            "breaker",
+            RULE_BREAKER,
             hist=hist,
             failure_class=cls,
             slurm_reason=held_reason(n, config, None, BREAKER_HELD),
@@ -455,7 +469,7 @@ def breaker(c: Case) -> Optional[Decision]:
     return c.mk_inc(
         "hold",
         f"circuit breaker tripped ({c.brk.reason}); a person must reset it",
-        "breaker",
+        RULE_BREAKER,
         hist=c.booked,
         slurm_reason=held_reason(c.n, c.config, c.code, BREAKER_HELD),
     )
@@ -483,7 +497,7 @@ def limited_drain(c: Case, mk: Callable[..., Decision], what: str, why: str, rul
     ``blast_radius_drain`` holds it otherwise. The one drain step of the rules ``drain`` and ``drain_requested``."""
     block = c.limits.drain_block(c.n)
     if block:
-        return mk("hold", f"should drain ({what}) but {block}", "blast_radius_drain", hist=kw.get("hist"))
+        return mk("hold", f"should drain ({what}) but {block}", RULE_BLAST_RADIUS_DRAIN, hist=kw.get("hist"))
     c.limits.take_drain(c.n)
     return gate(mk("drain", why, rule, **kw), c.config, c.approved, c.now)
 
@@ -547,10 +561,10 @@ def draining(c: Case) -> Optional[Decision]:
     action = config.job_action_for(c.cls)
     if action == "wait":
         return c.mk_inc("wait", "draining: jobs still running; they keep the node until they end (jobs.action wait)",
-                        "draining", earliest=now + JOBS_RECHECK_S, hist=c.booked)
+                        RULE_DRAINING, earliest=now + JOBS_RECHECK_S, hist=c.booked)
     if n.jobs is None:
         return c.mk_inc("wait", "draining: jobs still running (the jobs on the node were not read: none is evicted)",
-                        "draining", earliest=now + JOBS_RECHECK_S, hist=c.booked)
+                        RULE_DRAINING, earliest=now + JOBS_RECHECK_S, hist=c.booked)
     evict: List[str] = []
     kept: List[str] = []
     for j in n.jobs:
@@ -562,14 +576,14 @@ def draining(c: Case) -> Optional[Decision]:
                 evict.append(j.job_id)
     if not evict:
         if kept:
-            return c.mk_inc("wait", "draining: " + "; ".join(kept[:4]) + ": the node waits for it to end", "job_kept",
-                            earliest=now + JOBS_RECHECK_S, hist=c.booked)
-        return c.mk_inc("wait", "draining: jobs still ending", "draining", earliest=now + JOBS_RECHECK_S,
+            return c.mk_inc("wait", "draining: " + "; ".join(kept[:4]) + ": the node waits for it to end",
+                            RULE_JOB_KEPT, earliest=now + JOBS_RECHECK_S, hist=c.booked)
+        return c.mk_inc("wait", "draining: jobs still ending", RULE_DRAINING, earliest=now + JOBS_RECHECK_S,
                         hist=c.booked)
     evict = evict[:MAX_EVICT_JOBS]
     block = c.limits.eviction_block()
     if block:
-        return c.mk_inc("hold", f"would {action} job(s) {_jobs_text(evict)} but {block}", "eviction_limit",
+        return c.mk_inc("hold", f"would {action} job(s) {_jobs_text(evict)} but {block}", RULE_EVICTION_LIMIT,
                         hist=c.booked)
     c.limits.take_eviction()
     after = hist.copy() if hist is not None else History()
@@ -684,8 +698,8 @@ def lemon(c: Case) -> Optional[Tuple[str, str, str]]:
         return None
     days = f"{config.lemon_window_s / 86400:g}d"
     if config.lemon_action == "escalate" or hist.incident.tried(config.lemon_action):
-        return ("escalate", "lemon", f"lemon: {lemon_n} incidents in {days}")
-    return (config.lemon_action, "lemon", f"lemon: {lemon_n} incidents in {days}; retire it")
+        return ("escalate", RULE_LEMON, f"lemon: {lemon_n} incidents in {days}")
+    return (config.lemon_action, RULE_LEMON, f"lemon: {lemon_n} incidents in {days}; retire it")
 
 
 def escalate_repairs(c: Case) -> Optional[Tuple[str, str, str]]:
