@@ -306,9 +306,10 @@ class Runner:
             reason = getattr(state, "reason", None) or ""
             out["before"] = {"flags": sorted(flags), "reason": reason}
             want = None if failed is None else drain_reason(failed, prefix=REASON_PREFIX)
-            action, out["reason"] = startup_action(getattr(state, "state", ""), flags, reason, want)
-            if action == "drain":
-                client.drain([node], want)
+            action, why = startup_action(getattr(state, "state", ""), flags, reason, want)
+            out["reason"] = why
+            if action == "drain" and why is not None:
+                client.drain([node], why)
             elif action == "resume":
                 client.resume([node])
             out["action"] = action
