@@ -65,17 +65,24 @@ def in_maintenance(state: Optional[str], flags: Iterable[str] = ()) -> bool:
     return not MAINT_FLAGS.isdisjoint(words[1:]) or not MAINT_FLAGS.isdisjoint(str(f).upper() for f in flags)
 
 
+def in_maintenance_split(flags: AbstractSet[str]) -> bool:
+    """in_maintenance() of a state already split: ``flags`` upper case (the state's ``+`` words among them)."""
+    return not MAINT_FLAGS.isdisjoint(flags)
+
+
 def foreign_reason(
-    state: Optional[str], flags: Iterable[str], reason: Optional[str], prefix: str, *, out: Optional[bool] = None
+    state: Optional[str], flags: Iterable[str], reason: Optional[str], prefix: str, *, out: Optional[bool] = None,
+    maint: Optional[bool] = None,
 ) -> Optional[str]:
     """None when we may act on the node; else why not (the node is out of service with a reason that is not ours).
 
-    ``prefix`` must be a non-empty string: with an empty prefix every reason would be ours. ``out``: whether the
-    node is out of service, when the caller knows already (else it is worked out from ``state`` and ``flags``).
+    ``prefix`` must be a non-empty string: with an empty prefix every reason would be ours. ``out`` and ``maint``:
+    whether the node is out of service and in maintenance, when the caller knows already (else they are worked out
+    from ``state`` and ``flags``).
     """
     if not isinstance(prefix, str) or not prefix.strip():
         raise ValueError(f"reason_prefix: expected a non-empty string, got {prefix!r}")
-    if in_maintenance(state, flags):
+    if in_maintenance(state, flags) if maint is None else maint:
         return IN_MAINTENANCE
     if not (out_of_service(state, flags) if out is None else out):
         return None

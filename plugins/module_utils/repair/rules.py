@@ -41,7 +41,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from ..slurmfacts import JOB_ACTIVE_STATES, JOB_QUEUED_STATES, REBOOT_FLAGS, in_maintenance
+from ..slurmfacts import JOB_ACTIVE_STATES, JOB_QUEUED_STATES, REBOOT_FLAGS
 from .classify import classify
 from .config import RepairConfig
 from .history import MAX_EVICT_JOBS, Eviction, History, Incident, Step, loads
@@ -225,7 +225,7 @@ def not_ours(c: Case) -> Optional[Decision]:
         raise AssertionError("repair rule order: hist is not None")
     inc = hist.incident
     pending = inc.pending() if inc is not None else None
-    if in_maintenance(n.state, n.flags):
+    if n.in_maintenance:
         who = "in an active maintenance reservation (Slurm's MAINT flag)"
     else:
         who = "out of service by someone else ({}{})".format(

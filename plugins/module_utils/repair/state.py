@@ -222,14 +222,21 @@ class NodeState:
         """None when we may act on the node; else why not (out of service with a reason that is not ours, or in a
         maintenance reservation)."""
         out = self.out_of_service
-        if not out and prefix and not slurmfacts.in_maintenance(self.state, self.flags):
+        maint = slurmfacts.in_maintenance_split(self.flags)
+        if not out and prefix and not maint:
             return None  # in service and in no maintenance window: nobody's
-        return slurmfacts.foreign_reason(self.state, self.flags, self.reason, prefix, out=out)
+        return slurmfacts.foreign_reason(self.state, self.flags, self.reason, prefix, out=out, maint=maint)
+
+    @property
+    def in_maintenance(self) -> bool:
+        """In an active maintenance reservation (Slurm's MAINT flag)."""
+        return slurmfacts.in_maintenance_split(self.flags)
 
     def drained_by(self, prefix: str) -> bool:
         """Out of service with a reason that starts with ``prefix``: we took it out."""
         out = self.out_of_service
-        return out and slurmfacts.foreign_reason(self.state, self.flags, self.reason, prefix, out=out) is None
+        return out and slurmfacts.foreign_reason(self.state, self.flags, self.reason, prefix, out=out,
+                                                 maint=slurmfacts.in_maintenance_split(self.flags)) is None
 
     @property
     def out_reason(self) -> str:
