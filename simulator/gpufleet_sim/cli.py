@@ -78,7 +78,6 @@ def cmd_run(args) -> int:
     sens = None
     if sc["estimates"] and len(pols) > 1 and not args.no_sensitivity:
         from .sensitivity import run_sensitivity, verdict
-        from .sensitivity import write_all as write_sensitivity
 
         # the same policies and seeds with each estimate at the ends of its plausible range
         cb, progress_bar = _progress_factory(2 * len(sc["estimates"]) + 5)
@@ -99,7 +98,8 @@ def cmd_run(args) -> int:
         for line in verdict(sens):
             print(line)
         if args.out:
-            print(f"wrote {write_sensitivity(sens, Path(args.out))['html']} (gpufleet-sim sensitivity: the table)")
+            print(f"the report's section 'Does the answer survive the scenario's estimates?' has them with a tornado "
+                  f"plot; the table alone: {Path(args.out) / 'sensitivity.html'}")
     if args.json:
         write_json(res, args.json)
     return 0

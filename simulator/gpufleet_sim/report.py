@@ -321,7 +321,24 @@ def _tied(pol: dict, best: str) -> list:
     return [n for n, p in pol.items() if n != best and p["ettr"]["ci95"][1] >= lo]
 
 
-def write_html(res: dict, out: Path, pngs: list[Path], table_text: str) -> Path:
+def _sensitivity_html(res: dict, tornado: Path | None) -> str:
+    """The report's section on the scenario's estimates: the verdict (each flip, or that the answer holds), the
+    tornado plot and the table of ``gpufleet-sim sensitivity``; empty without a sensitivity result."""
+    sens = res.get("sensitivity")
+    if not sens:
+        return ""
+    from .sensitivity import text, verdict
+
+    e = html.escape
+    names = ", ".join(e(str(x.get("path"))) for x in sens.get("inputs", ())) or "none"
+    lines = "".join(f"<li>{e(ln)}</li>" for ln in verdict(sens))
+    img = f'<figure><img src="{e(tornado.name)}" alt="tornado plot"></figure>' if tornado is not None else ""
+    return (f"<h2>Does the answer survive the scenario's estimates?</h2>\n<p>This answer rests on estimates "
+            f"({names}); each was run at the ends of its plausible range with the same policies and seeds.</p>\n"
+            f"<ul>{lines}</ul>\n{img}\n<pre>{e(text(sens))}</pre>\n")
+
+
+def write_html(res: dict, out: Path, pngs: list[Path], table_text: str, tornado: Path | None = None) -> Path:
     _ONE_SEED[0] = res["seeds"] < 2
     pol = res["policies"]
     top = best_policy(pol)
@@ -382,7 +399,7 @@ node's fault until it is back in service. {e(LEGEND_SPARES)}.</small></p>
 sets who acts and how fast. Per-seed numbers: <a href="results.csv">results.csv</a>; all metrics:
 <a href="results.json">results.json</a>.</small></p>
 <pre>{e(table_text)}</pre>
-<p><small>Run time {res['wall_s']:.1f} s.</small></p></body></html>"""
+{_sensitivity_html(res, tornado)}<p><small>Run time {res['wall_s']:.1f} s.</small></p></body></html>"""
     p = out / "report.html"
     _atomic_write(p, doc.encode())
     return p
@@ -394,5 +411,10 @@ def write_all(res: dict, out: Path) -> dict:
     csvp = write_csv(res, out)
     write_json(res, str(out / "results.json"))
     pngs = plots(res, out)
-    htmlp = write_html(res, out, pngs, t)
-    return {"table": t, "csv": csvp, "pngs": pngs, "html": htmlp}
+    files: dict = {}
+    if res.get("sensitivity"):
+        from .sensitivity import write_all as write_sensitivity
+
+        files = write_sensitivity(res["sensitivity"], out)  # tornado.png, sensitivity.txt and .html beside
+    htmlp = write_html(res, out, pngs, t, files.get("tornado"))
+    return {"table": t, "csv": csvp, "pngs": pngs, "html": htmlp, "sensitivity": files}

@@ -115,6 +115,7 @@ def test_the_tornado_plot_and_page_show_each_estimate_between_its_ends(tmp_path)
 def test_run_itself_says_whether_the_answer_holds_over_the_estimates(tmp_path):
     """`gpufleet-sim run` on a scenario with estimates runs them at the ends of their ranges (the same policies and
     seeds) and prints each flip by input and value, or that the answer holds; --no-sensitivity skips it."""
+    import html
     import json
     import subprocess
     import sys
@@ -132,5 +133,9 @@ def test_run_itself_says_whether_the_answer_holds_over_the_estimates(tmp_path):
     for flip in sens["flips"]:
         assert any(flip["input"] in ln for ln in said), (flip, said)
     assert (tmp_path / "out" / "tornado.png").exists() and (tmp_path / "out" / "sensitivity.html").exists()
+    report = (tmp_path / "out" / "report.html").read_text()  # the tornado plot and the verdict inside the report
+    assert "Does the answer survive the scenario's estimates?" in report and '<img src="tornado.png"' in report
+    assert "false_positives.rate_per_1000_node_days" in report.split("This answer rests on estimates (", 1)[1]
+    assert all(html.escape(ln) in report for ln in said), said
     quiet = subprocess.run(argv + ["--no-sensitivity"], capture_output=True, text=True, check=False, timeout=600)
     assert quiet.returncode == 0 and "This answer rests on" not in quiet.stdout, quiet.stderr
