@@ -229,14 +229,9 @@ class Sim(FaultProcesses, RepairRuns, Evictions, People):
         if self.jobs_left == 0 and not self.all_done.triggered:
             self.all_done.succeed()
 
-    # --- fault arrival -------------------------------------------------------------------------------------------
+    # --- random streams and records ------------------------------------------------------------------------------
     def stream(self, name: str) -> random.Random:
         return random.Random(self.seed * 1_000_003 + zlib.crc32(name.encode()))
-
-
-
-
-
 
     def _rec(self, n: int) -> NodeRec:
         rec = self.recs.get(n)
@@ -244,21 +239,7 @@ class Sim(FaultProcesses, RepairRuns, Evictions, People):
             rec = self.recs[n] = NodeRec(n)
         return rec
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-    # --- repair ------------------------------------------------------------------------------------------------------
+    # --- nodes out of service ----------------------------------------------------------------------------------------
     def _take_out(self, n: int) -> None:
         if self.owner[n] == -1:
             self._idle_remove(n)
@@ -300,24 +281,6 @@ class Sim(FaultProcesses, RepairRuns, Evictions, People):
         hot = [None] * min(len(self.idle), len(batch)) if spares and self.policy["spares"] == "hot" else []
         return FleetSummary(self.N, {PARTITION: Counts(self.N, self.N - self.out_count, self.out_count, hot)},
                             {"rack": doms})
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
     # --- run ---------------------------------------------------------------------------------------------------------
     def run(self) -> dict:
