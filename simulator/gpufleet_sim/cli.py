@@ -1,4 +1,4 @@
-"""gpufleet-sim: run | sweep | spares | sensitivity | validate."""
+"""gpufleet-sim: run | sweep | spares | sensitivity | calibrate | validate."""
 
 from __future__ import annotations
 
@@ -102,6 +102,80 @@ def cmd_run(args) -> int:
                   f"plot; the table alone: {Path(args.out) / 'sensitivity.html'}")
     if args.json:
         write_json(res, args.json)
+    if args.export_history:
+        for path in export_runs(sc, pols[0], seeds, Path(args.export_history)):
+            print(f"wrote {path}")
+    return 0
+
+
+def export_runs(sc: dict, policy: dict, seeds: int, out: Path) -> list:
+    """--export-history: each seed of ``policy`` run again in this process (seeded: the same runs) and written
+    as a real cluster's records (export.py) into OUT/<policy>/seed-<n>/."""
+    from .engine import Sim
+    from .export import export_history
+    from .runner import _brain
+
+    written = []
+    for seed in range(1, seeds + 1):
+        sim = Sim(sc, policy, seed, _brain(sc, policy, {}))
+        sim.run()
+        files = export_history(sim, out / policy["name"].replace("/", "_") / f"seed-{seed}")
+        written += [files["events"], files["sacct"]]
+    return written
+
+
+def cmd_calibrate(args) -> int:
+    from .brain import default_brain
+    from .calibrate import CalibrationError, calibrated_raw, fit, holdout, load_records, window_of
+
+    sc = scn.load(args.scenario)
+    if not (args.events or args.sacct):
+        print("gpufleet-sim calibrate: give the site's records: --events (sacctmgr -P show event) and/or --sacct "
+              "(sacct --json)", file=sys.stderr)
+        return 2
+    brain = default_brain(sc)
+    try:
+        events, runs = load_records(args.events, args.sacct)
+        t0, t1 = window_of(events, runs)
+        if args.holdout:
+            if not 0 < args.holdout < 1:
+                raise CalibrationError(f"--holdout: expected a share of the window between 0 and 1, got {args.holdout}")
+            rows = holdout(sc, brain, events, runs, t0, t1, args.holdout)
+            print(f"held-out check: fitted on the first {1 - args.holdout:.0%} of the records, the last "
+                  f"{args.holdout:.0%} predicted")
+            print(f"{'what':<58} {'observed':>9} {'predicted':>10} {'95 % interval':>15}")
+            for r in rows:
+                lo, hi = r["interval"]
+                flag = "" if lo <= r["observed"] <= hi else "  <- outside"
+                print(f"{r['what'][:58]:<58} {r['observed']:>9} {r['predicted']:>10.1f} {f'{lo}-{hi}':>15}{flag}")
+            _emit_json(args.json, {"holdout": rows})
+            return 0
+        res = fit(sc, brain, events, runs, t0, t1)
+    except CalibrationError as exc:
+        print(f"gpufleet-sim calibrate: {exc}", file=sys.stderr)
+        return 2
+    days = (t1 - t0) / 86400
+    print(f"{sc['name']}: {len(events):,} node events, {len(runs):,} job runs over {days:.1f} days; exposure "
+          f"{res['exposure_node_days']:,.1f} {res['exposure']}")
+    print(f"{'classes (event key)':<58} {'events':>7} {'rate':>9} {'95 % CI':>17} {'base':>8}")
+    for key, g in res["groups"].items():
+        lo, hi = g["ci95"]
+        print(f"{('/'.join(g['classes']) + f' ({key})')[:58]:<58} {g['count']:>7} {g['rate']:>9.3f} "
+              f"{f'{lo:.3f}-{hi:.3f}':>17} {g['base_rate']:>8.3f}")
+    if res["unmatched"]:
+        print("events no class of the scenario explains (left out): " +
+              ", ".join(f"{k} x{n}" for k, n in sorted(res["unmatched"].items())))
+    print("rates per 1,000 node-days; classes the records cannot tell apart share one rate")
+    if args.out:
+        import yaml
+
+        from .report import _atomic_write
+
+        doc = calibrated_raw(sc, res)
+        scn.validate(doc, args.out)  # what is written loads
+        _atomic_write(Path(args.out), yaml.safe_dump(doc, sort_keys=False, width=118).encode())
+        print(f"wrote {args.out}")
+    _emit_json(args.json, res)
     return 0
 
 
@@ -343,7 +417,19 @@ def main(argv=None) -> int:
                    help="skip each knob's own effect around the best policy (one run per other knob level)")
     r.add_argument("--out", help="directory for the table, CSV, JSON, PNG plots and HTML report")
     r.add_argument("--json", help="write the JSON result to PATH, or - for stdout")
+    r.add_argument("--export-history", metavar="DIR",
+                   help="also write each seed of the first policy as a cluster's records (sacctmgr events, sacct "
+                        "JSON) into DIR/<policy>/seed-<n>/, for gpufleet-sim calibrate")
     r.set_defaults(fn=cmd_run)
+    c = sub.add_parser("calibrate", help="fit the scenario's failure rates to the site's own Slurm records")
+    c.add_argument("scenario", help="the base scenario (classes, their kernel-log lines, the fleet's size)")
+    c.add_argument("--events", help="sacctmgr -P show event format=Cluster,NodeName,TimeStart,TimeEnd,State,"
+                                    "Reason,User (a file)")
+    c.add_argument("--sacct", help="sacct --json, or sacct -P -X --format=JobID,State,NNodes,Start,End (a file)")
+    c.add_argument("--holdout", type=float, help="fit on the earlier records, predict the last share (e.g. 0.33)")
+    c.add_argument("--out", help="write the calibrated scenario (YAML) here")
+    c.add_argument("--json", help="write the fit as JSON to PATH, or - for stdout")
+    c.set_defaults(fn=cmd_calibrate)
     s = sub.add_parser("sweep", help="vary one scenario parameter and report the best setting")
     s.add_argument("scenario")
     s.add_argument("--param", help="dotted scenario field, e.g. jobs[0].checkpoint_interval_min")

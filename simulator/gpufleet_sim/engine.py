@@ -295,6 +295,7 @@ class Sim(FaultProcesses, RepairRuns, Evictions, People):
                 if job.computing and job.phase == "compute":
                     job.work += job._progress(job.seg_start, job.seg_rate)
                 job._enter("end")
+                job.end_run("RUNNING")
         return self.result(end)
 
     def result(self, end: float) -> dict:

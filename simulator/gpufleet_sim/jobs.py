@@ -41,6 +41,10 @@ class Job:
         self.downtimes: list[float] = []
         self.wake: simpy.Event | None = None
         self.seg_start, self.seg_rate = 0.0, 1.0
+        #: the job's runs as Slurm's accounting records them: (start_h, end_h, state); a run ends at a crash
+        #: (NODE_FAIL, or FAILED for a fault of the job's own software), a drain's requeue (REQUEUED) or the end
+        self.runs: list[tuple[float, float, str]] = []
+        self.run_start = sim.env.now
         self.jf_classes = []
         for f in sim.sc["faults"]:
             if f["scope"] == "job":
@@ -140,11 +144,22 @@ class Job:
                     continue
             self.ckpt_work = self.work
         self._enter("end")
+        self.end_run("COMPLETED")
         self.sim.job_done(self)
+
+    def end_run(self, state: str) -> None:
+        """The current run ends now with ``state`` (when one is under way)."""
+        if self.run_start is not None:
+            self.runs.append((self.run_start, self.sim.env.now, state))
+            self.run_start = None
 
     def _recover(self):
         env = self.sim.env
         t0 = env.now
+        if any(not f.planned for f in self.pending):
+            self.end_run("FAILED" if any(f.fault.get("scope") == "job" for f in self.pending) else "NODE_FAIL")
+        else:
+            self.end_run("REQUEUED")
         # roll back to the last checkpoint
         planned = all(f.planned for f in self.pending)
         rb = [f.rollback_to for f in self.pending if f.rollback_to is not None]
@@ -206,6 +221,7 @@ class Job:
             return
         self.down = False
         self.downtimes.append(env.now - t0)
+        self.run_start = env.now
 
     def interrupt(self, failure: Failure) -> None:
         self.pending.append(failure)

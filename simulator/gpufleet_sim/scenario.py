@@ -113,6 +113,20 @@ def _kmsg(d: dict, key: str, path: str) -> list[str]:
     return v
 
 
+SOURCE_KINDS = ("paper", "site", "estimate", "base")
+
+
+def _source(v: Any, path: str) -> None:
+    """Where a value comes from: a citation (text), or a mapping whose ``kind`` is one of SOURCE_KINDS (``site``:
+    fitted to the site's own records by gpufleet-sim calibrate, with its evidence; ``base``: kept from the base
+    scenario)."""
+    if v is None or isinstance(v, str):
+        return
+    if not isinstance(v, dict) or v.get("kind") not in SOURCE_KINDS:
+        raise SpecError(f"{path}: expected a citation (text) or a mapping with kind: one of "
+                        f"{', '.join(SOURCE_KINDS)}, got {v!r}"[:300])
+
+
 def validate(raw: Any, source: str = "scenario") -> dict:
     """Validate a scenario mapping; return the normalised scenario. Raise SpecError naming the field."""
     if not isinstance(raw, dict):
@@ -187,7 +201,9 @@ def validate(raw: Any, source: str = "scenario") -> dict:
             raise SpecError(f"{fp}: expected a mapping")
         _unknown(f, {"name", "category", "hardware", "rate_per_1000_node_days", "rate_per_gpu_year", "job_mtbf_h",
                      "weibull_shape", "scope", "effect", "job_detect_min", "kmsg", "visible", "precursor",
-                     "fixed_by", "lemon", "silent_detect_h", "slowdown", "episode_min", "outage_h", "note"}, fp)
+                     "fixed_by", "lemon", "silent_detect_h", "slowdown", "episode_min", "outage_h", "note",
+                     "source"}, fp)
+        _source(f.get("source"), f"{fp}.source")
         name = _get(f, "name", fp, str)
         if name in names:
             raise SpecError(f"{fp}.name: expected a unique fault name, {name!r} is used twice")

@@ -8,11 +8,15 @@ the agent's report beside it. The engine asks for those events here and never wr
 what the brain reads is what Slurm would show after the same events.
 
 ``drain`` and ``resume`` take names, as the Slurm adapter's client does; the other events are Slurm's own.
+
+It also keeps what slurmdbd would record of those events (``events``: ``sacctmgr show event``'s node events: the
+node, when it went out of service and came back, DRAIN or DOWN, the reason and who set it), which
+``gpufleet-sim run --export-history`` writes out for ``gpufleet-sim calibrate``.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, Optional
+from typing import Callable, Dict, Iterable, List, Optional
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import NodeState
 
@@ -27,6 +31,25 @@ class VirtualSlurm:
     def __init__(self, clock: Callable[[], float]):
         self.clock = clock
         self.records: Dict[str, NodeState] = {}
+        #: node events as slurmdbd keeps them: [node, start, end (None: still out), state, reason, user]
+        self.events: List[list] = []
+        self._open: Dict[str, list] = {}
+
+    def _event(self, name: str, state: str, reason: str, user: str, now: float) -> None:
+        """A node went out of service, or its reason changed while out: the open event ends, a new one begins."""
+        ev = self._open.get(name)
+        if ev is not None:
+            if ev[3] == state and ev[4] == reason:
+                return
+            ev[2] = now
+        ev = [name, now, None, state, reason, user]
+        self.events.append(ev)
+        self._open[name] = ev
+
+    def _event_end(self, name: str, now: float) -> None:
+        ev = self._open.pop(name, None)
+        if ev is not None:
+            ev[2] = now
 
     def add(self, record: NodeState) -> NodeState:
         self.records[record.name] = record
@@ -39,15 +62,20 @@ class VirtualSlurm:
         for name in names:
             sl = self.records[name]
             sl.flags, sl.reason, sl.reason_user, sl.reason_time = DRAIN, reason, "root", now
+            self._event(name, "DRAIN", reason, "root", now)
 
     def resume(self, names: Iterable[str]) -> None:
         """``scontrol update State=RESUME``: back in service, no reason (22.05 clears it; the policy ignores 24.11's
         leftover on a node in service, so the simulator keeps none)."""
+        now = None
         for name in names:
             sl = self.records[name]
             if sl.state == "down":
                 sl.state = "idle"
             sl.flags, sl.reason, sl.reason_user, sl.reason_time = NO_FLAGS, "", "", None
+            if name in self._open:
+                now = self.clock() if now is None else now
+                self._event_end(name, now)
 
     # ---- Slurm's own events ---------------------------------------------------------------------------------------
     def job_started(self, sl: NodeState) -> None:
@@ -63,8 +91,9 @@ class VirtualSlurm:
 
     def not_responding(self, sl: NodeState) -> None:
         """slurmctld marks a node whose slurmd stopped answering DOWN, with its own reason."""
-        sl.state, sl.flags, sl.reason, sl.reason_user, sl.reason_time = "down", NO_FLAGS, NOT_RESPONDING, "slurm", \
-            self.clock()
+        now = self.clock()
+        sl.state, sl.flags, sl.reason, sl.reason_user, sl.reason_time = "down", NO_FLAGS, NOT_RESPONDING, "slurm", now
+        self._event(sl.name, "DOWN", NOT_RESPONDING, "slurm", now)
 
     def report(self, sl: NodeState, report: Optional[dict], at: float) -> None:
         """The agent's latest report on the node (what the repair run reads beside Slurm's record)."""

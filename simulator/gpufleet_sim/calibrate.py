@@ -1,0 +1,402 @@
+"""``gpufleet-sim calibrate``: a site's own Slurm records become the scenario's failure rates.
+
+Reads, each optional, from its real interface:
+
+* Slurm's node events (``sacctmgr -P show event format=Cluster,NodeName,TimeStart,TimeEnd,State,Reason,User``,
+  slurmdbd): when each node went out of service, why, and when it came back;
+* Slurm's job accounting (``sacct --json``, Slurm 22.05 or 24.11 shape, or ``sacct -P -X
+  --format=JobID,State,NNodes,Start,End``): the jobs' runs, for the exposure (node-days of jobs running: the time a
+  fault can strike a job) and for faults of the jobs' own software (runs that ended ``FAILED``).
+
+Which fault class an event belongs to is the collection's own rule, never a table of ours: each node-scope class of
+the base scenario is judged by the health rules (``health.judge`` on its kernel-log lines, as the simulator does),
+and an event whose reason is our drain reason for that code (``gpufleet: <code> ...``) is that class's. A class the
+checks cannot see makes Slurm mark the node DOWN ("Not responding"). Classes that share a code share one fitted rate,
+split in the ratio of their base rates (the records cannot tell them apart; the scenario says so).
+
+Each fitted rate carries its source: ``{kind: site, count, exposure_node_days, window, ci95}`` (an exact Poisson
+interval); a class with no event in the records keeps its base rate, tagged with the records' upper bound.
+``--holdout F`` fits on the earlier part of the records and predicts the last ``F`` of the window (events per class,
+interruptions), printing observed against predicted with 95 % intervals: the scenario tested on the site's future.
+"""
+
+from __future__ import annotations
+
+import calendar
+import copy
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+from ansible_collections.gpufleet.reliability.plugins.module_utils.slurmfacts import REASON_PREFIX
+
+from .vslurm import NOT_RESPONDING
+
+MAX_LINE = 4096  # a longer line is not sacctmgr's: refused by number
+DAY_S = 86400.0
+CRASH_STATES = ("NODE_FAIL", "FAILED")
+
+
+class CalibrationError(ValueError):
+    """Records that cannot be read: names the file, the line or field and what was expected."""
+
+
+@dataclass(frozen=True)
+class Event:
+    node: str
+    start: float
+    end: Optional[float]
+    state: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Run:
+    job_id: str
+    state: str
+    nodes: int
+    start: float
+    end: float
+
+
+# ---- reading --------------------------------------------------------------------------------------------------------
+def _epoch(text: str, where: str) -> float:
+    try:
+        return float(calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%S")))
+    except ValueError:
+        raise CalibrationError(f"{where}: expected a time as YYYY-MM-DDTHH:MM:SS, got {text[:40]!r}") from None
+
+
+def read_events(lines: Iterable[str], source: str = "events") -> List[Event]:
+    """``sacctmgr -P show event`` output with its header line (the fields in any order)."""
+    it = iter(lines)
+    header = next(it, "").rstrip("\n").split("|")
+    need = ("NodeName", "TimeStart", "TimeEnd", "State", "Reason")
+    missing = [f for f in need if f not in header]
+    if missing:
+        raise CalibrationError(f"{source}: line 1: expected a header naming {', '.join(need)} (sacctmgr -P show "
+                               f"event format=Cluster,NodeName,TimeStart,TimeEnd,State,Reason,User), missing "
+                               f"{', '.join(missing)}")
+    col = {f: header.index(f) for f in need}
+    out = []
+    for n, line in enumerate(it, start=2):
+        line = line.rstrip("\n")
+        if not line.strip():
+            continue
+        where = f"{source}: line {n}"
+        if len(line) > MAX_LINE:
+            raise CalibrationError(f"{where}: longer than {MAX_LINE} characters")
+        fields = line.split("|")
+        if len(fields) != len(header):
+            raise CalibrationError(f"{where}: expected {len(header)} fields separated by '|', got {len(fields)}")
+        node = fields[col["NodeName"]]
+        if not node:  # a cluster event (no node): not a node's
+            continue
+        end_text = fields[col["TimeEnd"]]
+        end = None if end_text in ("", "Unknown", "None") else _epoch(end_text, f"{where}: TimeEnd")
+        out.append(Event(node, _epoch(fields[col["TimeStart"]], f"{where}: TimeStart"), end,
+                         fields[col["State"]].upper(), fields[col["Reason"]]))
+    return out
+
+
+def _number(v: Any, where: str) -> float:
+    """A number as sacct --json gives it: plain (22.05), or {set, infinite, number} (24.11)."""
+    if isinstance(v, dict):
+        v = v.get("number")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise CalibrationError(f"{where}: expected a number, got {v!r}")
+    return float(v)
+
+
+def read_sacct(text: str, source: str = "sacct") -> List[Run]:
+    """``sacct --json`` (a ``jobs`` list) or ``sacct -P`` with a header naming JobID, State, NNodes, Start, End."""
+    if text.lstrip().startswith("{"):
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise CalibrationError(f"{source}: not valid JSON ({exc})") from None
+        jobs = doc.get("jobs") if isinstance(doc, dict) else None
+        if not isinstance(jobs, list):
+            raise CalibrationError(f"{source}: expected sacct --json output (an object with a 'jobs' list)")
+        out = []
+        for i, j in enumerate(jobs):
+            where = f"{source}: jobs[{i}]"
+            if not isinstance(j, dict) or not isinstance(j.get("time"), dict):
+                raise CalibrationError(f"{where}: expected a job with 'time' (start, end) and 'state'")
+            st = (j.get("state") or {}).get("current") if isinstance(j.get("state"), dict) else j.get("state")
+            st = st[0] if isinstance(st, list) and st else st
+            if not isinstance(st, str):
+                raise CalibrationError(f"{where}.state.current: expected a job state, got {st!r}")
+            nodes = j.get("allocation_nodes", j.get("nodes_count"))
+            out.append(Run(str(j.get("job_id")), st.upper(), int(_number(nodes, f"{where}.allocation_nodes")),
+                           _number(j["time"].get("start"), f"{where}.time.start"),
+                           _number(j["time"].get("end"), f"{where}.time.end")))
+        return out
+    lines = text.splitlines()
+    header = lines[0].split("|") if lines else []
+    need = ("JobID", "State", "NNodes", "Start", "End")
+    if any(f not in header for f in need):
+        raise CalibrationError(f"{source}: line 1: expected sacct --json, or sacct -P with a header naming "
+                               f"{', '.join(need)}")
+    col = {f: header.index(f) for f in need}
+    out = []
+    for n, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        f = line.split("|")
+        where = f"{source}: line {n}"
+        if len(f) != len(header):
+            raise CalibrationError(f"{where}: expected {len(header)} fields separated by '|', got {len(f)}")
+        if f[col["End"]] in ("", "Unknown"):
+            continue  # still running: its exposure is not known yet
+        try:
+            nn = int(f[col["NNodes"]])
+        except ValueError:
+            raise CalibrationError(f"{where}: NNodes: expected a node count, got {f[col['NNodes']][:20]!r}") from None
+        out.append(Run(f[col["JobID"]], f[col["State"]].split()[0].upper(), nn,
+                       _epoch(f[col["Start"]], f"{where}: Start"), _epoch(f[col["End"]], f"{where}: End")))
+    return out
+
+
+# ---- which class an event is ----------------------------------------------------------------------------------------
+def event_key(reason: str) -> str:
+    """The code our drain reason names (``gpufleet: xid79 gpu3`` -> ``xid79``); Slurm's own DOWN reason as it is;
+    anything else (a person's, another tool's) as ``other``."""
+    if reason.startswith(REASON_PREFIX):
+        words = reason[len(REASON_PREFIX):].split()
+        return words[0] if words else "other"
+    if reason.startswith(NOT_RESPONDING):
+        return NOT_RESPONDING
+    return "other"
+
+
+def class_keys(sc: dict, brain) -> Dict[str, List[str]]:
+    """Event key -> the base scenario's node-scope fault classes whose fault shows as that key, by the health rules."""
+    keys: Dict[str, List[str]] = {}
+    for f in sc["faults"]:
+        if f["scope"] != "node" or f["effect"] != "crash":
+            continue  # a job's own faults are read from sacct; a rack's strike many nodes at once
+        v = brain.judge(tuple(f["kmsg"])) if f["kmsg"] else brain.healthy_report()
+        key = NOT_RESPONDING if v["verdict"] == "healthy" else event_key(v["drain_reason"])
+        keys.setdefault(key, []).append(f["name"])
+    return keys
+
+
+# ---- the fit --------------------------------------------------------------------------------------------------------
+def _gammp(a: float, x: float) -> float:
+    """The regularized lower incomplete gamma P(a, x) (series below a + 1, continued fraction above)."""
+    if x <= 0:
+        return 0.0
+    lg = a * math.log(x) - x - math.lgamma(a)
+    if x < a + 1:
+        term = total = 1.0 / a
+        ap = a
+        for _unused in range(100000):
+            ap += 1
+            term *= x / ap
+            total += term
+            if abs(term) < abs(total) * 1e-15:
+                break
+        return min(1.0, total * math.exp(lg))
+    b, c, d = x + 1 - a, 1e300, 1.0 / (x + 1 - a)
+    h = d
+    for i in range(1, 100000):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = 1e-300 if abs(d) < 1e-300 else d
+        c = b + an / c
+        c = 1e-300 if abs(c) < 1e-300 else c
+        d = 1.0 / d
+        delta = d * c
+        h *= delta
+        if abs(delta - 1) < 1e-15:
+            break
+    return max(0.0, 1.0 - math.exp(lg) * h)
+
+
+def poisson_ci(k: int, level: float = 0.95) -> Tuple[float, float]:
+    """Exact (Garwood) interval for the mean of a Poisson count ``k``."""
+    alpha = 1 - level
+
+    def solve(a: float, target: float) -> float:  # x with P(a, x) = target
+        lo, hi = 0.0, max(10.0, 2 * a + 50 * math.sqrt(a + 1))
+        for _unused in range(200):
+            mid = (lo + hi) / 2
+            if _gammp(a, mid) < target:
+                lo = mid
+            else:
+                hi = mid
+        return (lo + hi) / 2
+
+    lower = 0.0 if k == 0 else solve(k, alpha / 2)
+    return lower, solve(k + 1, 1 - alpha / 2)
+
+
+def job_node_days(runs: List[Run], t0: float, t1: float) -> float:
+    """Node-days of jobs running between t0 and t1."""
+    total = 0.0
+    for r in runs:
+        dt = min(r.end, t1) - max(r.start, t0)
+        if dt > 0:
+            total += r.nodes * dt
+    return total / DAY_S
+
+
+def in_service_node_days(nodes: int, events: List[Event], t0: float, t1: float) -> float:
+    """Node-days in service between t0 and t1 of a fleet of ``nodes``: every node's time, less its time out of
+    service (an event still open counts to t1)."""
+    out = 0.0
+    for e in events:
+        dt = min(t1 if e.end is None else e.end, t1) - max(e.start, t0)
+        if dt > 0:
+            out += dt
+    return (nodes * (t1 - t0) - out) / DAY_S
+
+
+def exposure(sc: dict, events: List[Event], runs: List[Run], t0: float, t1: float) -> Tuple[float, str]:
+    """The node-days in which a fault could strike, and what they are: the whole fleet in service when idle nodes
+    fail too (the scenario's ``cluster.idle_nodes_fail``; the fleet's size is the scenario's ``cluster.nodes``), else
+    the node-days of jobs running (sacct)."""
+    if sc["cluster"].get("idle_nodes_fail", True):
+        return in_service_node_days(sc["cluster"]["nodes"], events, t0, t1), "node-days in service (cluster.nodes)"
+    if not runs:
+        raise CalibrationError("sacct: no job runs in the records, and faults strike only running jobs "
+                               "(cluster.idle_nodes_fail: false): the exposure is unknown; give --sacct")
+    return job_node_days(runs, t0, t1), "node-days of jobs running (sacct)"
+
+
+def fit(sc: dict, brain, events: List[Event], runs: List[Run], t0: float, t1: float) -> dict:
+    """Rates per event key and per class between t0 and t1 (events that began in the window)."""
+    expo, expo_what = exposure(sc, events, runs, t0, t1)
+    if expo <= 0:
+        raise CalibrationError(f"no exposure between {t0:.0f} and {t1:.0f} ({expo_what})")
+    keys = class_keys(sc, brain)
+    counts: Dict[str, int] = {}
+    out_days: Dict[str, float] = {}
+    for e in events:
+        if not t0 <= e.start < t1 or e.state.split("+")[0] not in ("DRAIN", "DOWN", "FAIL", "DRAINED", "DRAINING"):
+            continue
+        k = event_key(e.reason)
+        counts[k] = counts.get(k, 0) + 1
+        if e.end is not None:
+            out_days[k] = out_days.get(k, 0.0) + (e.end - e.start) / DAY_S
+    base = {f["name"]: f for f in sc["faults"]}
+    groups = {}
+    for key, names in keys.items():
+        k = counts.get(key, 0)
+        lo, hi = poisson_ci(k)
+        groups[key] = {"classes": names, "count": k, "rate": 1000 * k / expo,
+                       "ci95": [1000 * lo / expo, 1000 * hi / expo],
+                       "mean_out_days": out_days[key] / k if k and key in out_days else None,
+                       "base_rate": sum(_per_1000(base[n]) for n in names)}
+    job_faults = [f["name"] for f in sc["faults"] if f["scope"] == "job" and f.get("per_node_h")]
+    if job_faults and runs:  # a job's own software: per node-day of the job running
+        jexpo = job_node_days(runs, t0, t1)
+        failed = sum(1 for r in runs if r.state == "FAILED" and t0 <= r.end < t1)
+        lo, hi = poisson_ci(failed)
+        groups["job"] = {"classes": job_faults, "count": failed, "rate": 1000 * failed / jexpo if jexpo else 0.0,
+                         "ci95": [1000 * lo / jexpo, 1000 * hi / jexpo] if jexpo else [0.0, 0.0],
+                         "mean_out_days": None, "exposure_node_days": jexpo,
+                         "base_rate": sum(_per_1000(base[n]) for n in job_faults)}
+    unknown = {k: n for k, n in counts.items() if k not in keys}
+    crashes = sum(1 for r in runs if r.state in CRASH_STATES and t0 <= r.end < t1)
+    return {"window": [t0, t1], "exposure_node_days": expo, "exposure": expo_what, "groups": groups,
+            "unmatched": unknown, "interruptions": crashes, "job_node_days": job_node_days(runs, t0, t1)}
+
+
+def _per_1000(fault: dict) -> float:
+    """A validated fault's rate per 1,000 node-days."""
+    return float(fault.get("per_node_h") or 0.0) * 24000.0
+
+
+def calibrated_raw(sc: dict, res: dict) -> dict:
+    """The base scenario's raw mapping with each class's rate from the site's records and its source."""
+    out = copy.deepcopy(sc["raw"])
+    by_name = {f.get("name"): f for f in out.get("faults") or []}
+    base = {f["name"]: f for f in sc["faults"]}
+    window = [time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)) for t in res["window"]]
+    for key, g in res["groups"].items():
+        share_base = g["base_rate"]
+        for name in g["classes"]:
+            f = by_name[name]
+            prior = _per_1000(base[name])
+            share = prior / share_base if share_base > 0 else 1.0 / len(g["classes"])
+            expo = g.get("exposure_node_days", res["exposure_node_days"])
+            src = {"kind": "site", "count": g["count"], "exposure_node_days": round(expo, 3),
+                   "window": window, "ci95": [round(x * share, 6) for x in g["ci95"]], "key": key}
+            if len(g["classes"]) > 1:
+                src["shared_with"] = [n for n in g["classes"] if n != name]
+                src["split"] = "the records cannot tell these classes apart: the group's rate split by base rates"
+            if g["count"] == 0:
+                src = {"kind": "base", "site_upper95": src["ci95"][1], "window": window,
+                       "note": "no event of this class in the records: the base rate is kept"}
+            else:
+                for k in ("rate_per_gpu_year", "job_mtbf_h"):
+                    f.pop(k, None)
+                f["rate_per_1000_node_days"] = round(g["rate"] * share, 6)
+            f["source"] = src
+    return out
+
+
+# ---- the held-out check ---------------------------------------------------------------------------------------------
+def holdout(sc: dict, brain, events: List[Event], runs: List[Run], t0: float, t1: float, share: float) -> List[dict]:
+    """Fit on [t0, cut), predict [cut, t1): per group and for interruptions, observed against a 95 % interval
+    (the fitted rate's interval times the later exposure, widened by the later count's own Poisson spread)."""
+    cut = t1 - share * (t1 - t0)
+    early = fit(sc, brain, events, runs, t0, cut)
+    late = fit(sc, brain, events, runs, cut, t1)
+    expo_late = late["exposure_node_days"]
+    rows = []
+    for key, g in early["groups"].items():
+        e_late = late["groups"][key].get("exposure_node_days", expo_late)
+        mean = g["rate"] * e_late / 1000
+        lo_m, hi_m = g["ci95"][0] * e_late / 1000, g["ci95"][1] * e_late / 1000
+        lo = poisson_ci_quantile(lo_m, 0.025)
+        hi = poisson_ci_quantile(hi_m, 0.975)
+        rows.append({"what": f"{'/'.join(g['classes'])} ({key})", "observed": late["groups"][key]["count"],
+                     "predicted": mean, "interval": [lo, hi]})
+    ej, lj = early["job_node_days"], late["job_node_days"]
+    rate = early["interruptions"] / ej if ej else 0.0
+    lo_r, hi_r = poisson_ci(early["interruptions"])
+    scale = lj / ej if ej else 0.0
+    rows.append({"what": "interruptions (runs ended NODE_FAIL or FAILED)", "observed": late["interruptions"],
+                 "predicted": rate * lj, "interval": [poisson_ci_quantile(lo_r * scale, 0.025),
+                                                             poisson_ci_quantile(hi_r * scale, 0.975)]})
+    return rows
+
+
+def poisson_ci_quantile(mu: float, q: float) -> int:
+    """The ``q`` quantile of a Poisson count with mean ``mu``."""
+    if mu <= 0:
+        return 0
+    k, p, total = 0, math.exp(-mu), 0.0
+    if p == 0.0:  # a large mean: the normal approximation
+        return max(0, int(round(mu + (1.959964 if q > 0.5 else -1.959964) * math.sqrt(mu))))
+    while True:
+        total += p
+        if total >= q:
+            return k
+        k += 1
+        p *= mu / k
+
+
+def load_records(events_path: Optional[str], sacct_path: Optional[str]) -> Tuple[List[Event], List[Run]]:
+    events: List[Event] = []
+    runs: List[Run] = []
+    if events_path:
+        with open(events_path, encoding="utf-8", errors="replace") as fh:
+            events = read_events(fh, events_path)
+    if sacct_path:
+        runs = read_sacct(Path(sacct_path).read_text(encoding="utf-8", errors="replace"), sacct_path)
+    return events, runs
+
+
+def window_of(events: List[Event], runs: List[Run]) -> Tuple[float, float]:
+    times = [r.start for r in runs] + [r.end for r in runs] + [e.start for e in events]
+    if not times:
+        raise CalibrationError("the records are empty: no job run and no node event")
+    return min(times), max(times)

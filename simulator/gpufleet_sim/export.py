@@ -1,0 +1,60 @@
+"""``gpufleet-sim run --export-history DIR``: what one simulated run did, in the formats of a real cluster's records.
+
+* ``events.txt``: Slurm's node events as ``sacctmgr -P show event
+  format=Cluster,NodeName,TimeStart,TimeEnd,State,Reason,User`` prints them (a header line, ``|`` between fields,
+  times as ``YYYY-MM-DDTHH:MM:SS`` UTC, ``Unknown`` for a node still out at the end). They come from the virtual
+  Slurm, the one writer of the simulated nodes' records (vslurm.py).
+* ``sacct.json``: the jobs' runs as ``sacct --json`` gives them (Slurm 24.11's shape): one record per run, ended
+  by a crash (``NODE_FAIL``; ``FAILED`` for a fault of the job's own software), a drain's requeue (``REQUEUED``),
+  the end of the work (``COMPLETED``) or the end of the horizon (``RUNNING``).
+
+``gpufleet-sim calibrate`` reads both back, so calibrating an exported run can be checked against the scenario that
+made it (tests/unit/simulator/test_calibrate.py: the coverage test).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from .brain import to_epoch
+from .report import _atomic_write
+
+CLUSTER = "sim"
+EVENT_FIELDS = ("Cluster", "NodeName", "TimeStart", "TimeEnd", "State", "Reason", "User")
+
+
+def iso(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch))
+
+
+def events_text(events) -> str:
+    lines = ["|".join(EVENT_FIELDS)]
+    for name, start, end, state, reason, user in events:
+        lines.append("|".join((CLUSTER, name, iso(start), "Unknown" if end is None else iso(end), state,
+                               reason.replace("|", " "), user)))
+    return "\n".join(lines) + "\n"
+
+
+def sacct_json(sim) -> dict:
+    jobs = []
+    jid = 1000
+    for job in sim.jobs:
+        nnodes = len(job.nodes)
+        for start_h, end_h, state in job.runs:
+            jid += 1
+            start, end = to_epoch(start_h), to_epoch(end_h)
+            jobs.append({"job_id": jid, "name": job.name, "state": {"current": [state], "reason": "None"},
+                         "allocation_nodes": nnodes, "cluster": CLUSTER,
+                         "time": {"start": start, "end": end, "elapsed": end - start}})
+    return {"jobs": jobs, "meta": {"plugin": {"name": "gpufleet-sim export"}}}
+
+
+def export_history(sim, out: Path) -> dict:
+    """Write the run's records into ``out`` (created if missing); the paths written."""
+    out = Path(out)
+    files = {"events": out / "events.txt", "sacct": out / "sacct.json"}
+    _atomic_write(files["events"], events_text(sim.vslurm.events).encode())
+    _atomic_write(files["sacct"], (json.dumps(sacct_json(sim), indent=1) + "\n").encode())
+    return files

@@ -1,0 +1,174 @@
+"""gpufleet-sim calibrate: the site's Slurm records (node events, job accounting) become the scenario's rates.
+
+The simulator's own runs are the ground truth: ``run --export-history`` writes what a run did as sacctmgr events and
+sacct JSON, and calibrating those recovers the scenario's rates inside their 95 % intervals in most seeds (a
+coverage test over fixed seeds, not one lucky seed). Hostile records are refused naming the file, line and field.
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpufleet_sim import calibrate as cal
+from gpufleet_sim import scenario as scn
+from gpufleet_sim.brain import default_brain
+from gpufleet_sim.engine import Sim
+from gpufleet_sim.export import events_text, sacct_json
+from gpufleet_sim.policies import resolve
+
+TRUTH = Path(__file__).resolve().parents[2] / "fixtures" / "simulator" / "calibration-truth.yaml"
+SEEDS = 20
+HEADER = "Cluster|NodeName|TimeStart|TimeEnd|State|Reason|User"
+
+
+def _records(sc, seed):
+    pol = resolve("passive+auto-repair+hot-spares")
+    sim = Sim(sc, pol, seed, default_brain(sc))
+    sim.run()
+    events = cal.read_events(events_text(sim.vslurm.events).splitlines(), "events")
+    runs = cal.read_sacct(json.dumps(sacct_json(sim)), "sacct")
+    return events, runs
+
+
+@pytest.fixture(scope="module")
+def truth():
+    sc = scn.load(TRUTH)
+    return sc, default_brain(sc), {f["name"]: f["per_node_h"] * 24000 for f in sc["faults"]}
+
+
+@pytest.mark.slow  # 20 seeds of 120 days, or two commands: make unit, not make check
+def test_calibrating_exported_runs_recovers_the_true_rates(truth):
+    """Share of seeds whose 95 % interval holds the scenario's own rate, per parameter (printed: the figure)."""
+    sc, brain, rates = truth
+    hits: dict = {}
+    for seed in range(1, SEEDS + 1):
+        events, runs = _records(sc, seed)
+        t0, t1 = cal.window_of(events, runs)
+        res = cal.fit(sc, brain, events, runs, t0, t1)
+        assert not res["unmatched"], res["unmatched"]  # every event is one class's
+        for key, g in res["groups"].items():
+            true = sum(rates[n] for n in g["classes"])
+            lo, hi = g["ci95"]
+            hits.setdefault(key, []).append(lo <= true <= hi)
+    assert set(hits) == {"xid79", "xid48", "Not responding", "job"}
+    cover = {k: sum(v) / len(v) for k, v in hits.items()}
+    print("coverage of the 95 % intervals over", SEEDS, "seeds:", cover)
+    assert all(c >= 0.85 for c in cover.values()), cover
+    assert sum(sum(v) for v in hits.values()) / sum(len(v) for v in hits.values()) >= 0.9, cover
+
+
+@pytest.mark.slow  # 20 seeds of 120 days, or two commands: make unit, not make check
+def test_a_wrong_exposure_is_caught_by_the_same_test(truth):
+    """The check has teeth: counting only the jobs' node-days while idle nodes fail too inflates every rate by the
+    idle share (20 of 200 nodes here), and the coverage falls below what the test requires."""
+    sc, brain, rates = truth
+    wrong = dict(sc, cluster=dict(sc["cluster"], idle_nodes_fail=False))
+    hits = []
+    for seed in range(1, 9):
+        events, runs = _records(sc, seed)
+        t0, t1 = cal.window_of(events, runs)
+        g = cal.fit(wrong, brain, events, runs, t0, t1)["groups"]["xid79"]
+        hits.append(g["ci95"][0] <= rates["gpu_lost"] <= g["ci95"][1])
+        assert g["rate"] > rates["gpu_lost"] * 0.95
+    assert sum(hits) / len(hits) < 0.9
+
+
+def test_held_out_future_is_predicted(truth):
+    sc, brain, _rates = truth
+    events, runs = _records(sc, 7)
+    t0, t1 = cal.window_of(events, runs)
+    rows = cal.holdout(sc, brain, events, runs, t0, t1, 0.33)
+    assert [r["what"].split(" (")[0] for r in rows] == ["gpu_lost", "gpu_dbe", "host_hang", "app_bug",
+                                                        "interruptions"]
+    inside = [r["interval"][0] <= r["observed"] <= r["interval"][1] for r in rows]
+    assert all(inside), rows
+    assert all(r["interval"][1] > r["interval"][0] for r in rows)
+
+
+@pytest.mark.slow  # 20 seeds of 120 days, or two commands: make unit, not make check
+def test_cli_round_trip_writes_a_scenario_that_says_where_each_rate_comes_from(tmp_path):
+    sim = [sys.executable, "-m", "gpufleet_sim.cli"]
+    r = subprocess.run(sim + ["run", str(TRUTH), "--seeds", "1", "--no-effects", "--no-sensitivity",
+                              "--export-history", str(tmp_path / "exp")], capture_output=True, text=True,
+                       timeout=300, check=False)
+    assert r.returncode == 0, r.stderr
+    d = tmp_path / "exp" / "passive+auto-repair+hot-spares" / "seed-1"
+    assert (d / "events.txt").read_text().splitlines()[0] == HEADER
+    out = tmp_path / "site.yaml"
+    r = subprocess.run(sim + ["calibrate", str(TRUTH), "--events", str(d / "events.txt"), "--sacct",
+                              str(d / "sacct.json"), "--out", str(out)],
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr
+    assert "gpu_lost (xid79)" in r.stdout and "exposure" in r.stdout
+    doc = yaml.safe_load(out.read_text())
+    src = {f["name"]: f["source"] for f in doc["faults"]}
+    assert src["gpu_lost"]["kind"] == "site" and src["gpu_lost"]["count"] > 0
+    assert src["gpu_lost"]["ci95"][0] <= next(f for f in doc["faults"] if f["name"] == "gpu_lost")[
+        "rate_per_1000_node_days"] <= src["gpu_lost"]["ci95"][1]
+    scn.load(out)  # what calibrate writes is a scenario the simulator runs
+    bad = tmp_path / "bad.txt"
+    bad.write_text(HEADER + "\nsim|n1|yesterday|Unknown|DRAIN|x|root\n")
+    r = subprocess.run(sim + ["calibrate", str(TRUTH), "--events", str(bad), "--sacct", str(d / "sacct.json")],
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 2 and f"{bad}: line 2: TimeStart: expected a time" in r.stderr, r.stderr
+    assert not (tmp_path / "nothing.yaml").exists()
+
+
+@pytest.mark.parametrize("text,match", [
+    ("", "line 1: expected a header naming NodeName"),
+    ("NodeName|State\n", "missing TimeStart, TimeEnd, Reason"),
+    (HEADER + "\nsim|n1|2026-01-01T00:00:00|Unknown|DRAIN|x\n", "line 2: expected 7 fields"),
+    (HEADER + "\nsim|n1|2026-01-01T00:00:00|2026-13-01T00:00:00|DRAIN|x|root\n", "line 2: TimeEnd: expected a time"),
+    (HEADER + "\n" + "sim|n1|2026-01-01T00:00:00|Unknown|DRAIN|" + "x" * 5000 + "|root\n", "longer than 4096"),
+])
+def test_hostile_event_records_are_refused_by_line_and_field(text, match):
+    with pytest.raises(cal.CalibrationError, match=match):
+        cal.read_events(text.splitlines(), "events.txt")
+
+
+def test_event_records_genuine_control():
+    ev = cal.read_events([HEADER, "sim|n1|2026-01-05T00:00:00|2026-01-05T06:00:00|DRAIN|gpufleet: xid79 gpu3|root",
+                          "sim|n2|2026-01-05T01:00:00|Unknown|DOWN|Not responding|slurm", "sim||2026-01-05T00:00:00|"
+                          "Unknown|DOWN|cluster event|root"], "e")
+    assert [(e.node, e.end is None, cal.event_key(e.reason)) for e in ev] == [
+        ("n1", False, "xid79"), ("n2", True, "Not responding")]
+    assert ev[0].end - ev[0].start == 6 * 3600
+
+
+@pytest.mark.parametrize("doc", [
+    # Slurm 24.11: state.current a list, numbers plain in time
+    {"jobs": [{"job_id": 1, "state": {"current": ["NODE_FAIL"]}, "allocation_nodes": 4,
+               "time": {"start": 100, "end": 3700}}]},
+    # Slurm 22.05: state.current a string
+    {"jobs": [{"job_id": 1, "state": {"current": "NODE_FAIL"}, "allocation_nodes": 4,
+               "time": {"start": 100, "end": 3700}}]},
+    # numbers as {set, infinite, number}
+    {"jobs": [{"job_id": 1, "state": {"current": ["NODE_FAIL"]}, "allocation_nodes": {"set": True, "number": 4},
+               "time": {"start": {"set": True, "number": 100}, "end": {"set": True, "number": 3700}}}]},
+])
+def test_sacct_json_of_both_releases(doc):
+    (run,) = cal.read_sacct(json.dumps(doc), "s")
+    assert (run.state, run.nodes, run.end - run.start) == ("NODE_FAIL", 4, 3600)
+
+
+@pytest.mark.parametrize("text,match", [
+    ("{", "not valid JSON"),
+    ('{"jobs": 3}', "expected sacct --json output"),
+    ('{"jobs": [{"state": {"current": ["X"]}, "time": {"start": "soon", "end": 1}, "allocation_nodes": 1}]}',
+     r"jobs\[0\].time.start: expected a number"),
+    ("JobID|State\n", "header naming JobID, State, NNodes, Start, End"),
+    ("JobID|State|NNodes|Start|End\n1|FAILED|many|2026-01-01T00:00:00|2026-01-01T01:00:00\n", "NNodes: expected"),
+])
+def test_hostile_sacct_records_are_refused(text, match):
+    with pytest.raises(cal.CalibrationError, match=match):
+        cal.read_sacct(text, "sacct.json")
+
+
+def test_poisson_interval_matches_known_values():
+    assert cal.poisson_ci(0) == pytest.approx((0.0, 3.6889), abs=1e-3)
+    assert cal.poisson_ci(10) == pytest.approx((4.7954, 18.3904), abs=1e-3)
+    lo, hi = cal.poisson_ci(10000)
+    assert lo == pytest.approx(9804.7, abs=1.0) and hi == pytest.approx(10198.1, abs=1.0)
