@@ -24,18 +24,21 @@ from __future__ import annotations
 
 import calendar
 import copy
+import io
 import json
 import math
 import time
+from array import array
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import IO, Any, Dict, Iterable, List, Optional, Tuple
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurmfacts import REASON_PREFIX
 
 from .vslurm import NOT_RESPONDING
 
-MAX_LINE = 4096  # a longer line is not sacctmgr's: refused by number
+MAX_LINE = 4096  # a longer line is not sacctmgr's or sacct's: refused by number
+MAX_JOB_TEXT = 1 << 20  # one job of sacct --json longer than this is not sacct's
+CHUNK = 1 << 20
 DAY_S = 86400.0
 CRASH_STATES = ("NODE_FAIL", "FAILED")
 
@@ -111,43 +114,165 @@ def _number(v: Any, where: str) -> float:
     return float(v)
 
 
-def read_sacct(text: str, source: str = "sacct") -> List[Run]:
-    """``sacct --json`` (a ``jobs`` list) or ``sacct -P`` with a header naming JobID, State, NNodes, Start, End."""
-    if text.lstrip().startswith("{"):
-        try:
-            doc = json.loads(text)
-        except ValueError as exc:
-            raise CalibrationError(f"{source}: not valid JSON ({exc})") from None
-        jobs = doc.get("jobs") if isinstance(doc, dict) else None
-        if not isinstance(jobs, list):
+class Runs:
+    """The jobs' runs, kept as columns (a year of a 10,000-node cluster is about a million runs): start and end
+    (epoch seconds), node count, final state. Iterating gives :class:`Run` records."""
+
+    def __init__(self) -> None:
+        self.start = array("d")
+        self.end = array("d")
+        self.nodes = array("l")
+        self.states: List[str] = []  # the few distinct states, by index
+        self.state = array("B")
+        self._index: Dict[str, int] = {}
+
+    def add(self, state: str, nodes: int, start: float, end: float) -> None:
+        i = self._index.get(state)
+        if i is None:
+            if len(self.states) >= 255:
+                raise CalibrationError(f"sacct: more than 255 distinct job states (at {state[:40]!r})")
+            i = self._index[state] = len(self.states)
+            self.states.append(state)
+        self.start.append(start)
+        self.end.append(end)
+        self.nodes.append(nodes)
+        self.state.append(i)
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def __iter__(self):
+        for i in range(len(self.start)):
+            yield Run("", self.states[self.state[i]], self.nodes[i], self.start[i], self.end[i])
+
+    def ended(self, states: Iterable[str], t0: float, t1: float) -> int:
+        """Runs that ended in [t0, t1) in one of ``states``."""
+        want = {self._index[s] for s in states if s in self._index}
+        if not want:
+            return 0
+        return sum(1 for st, e in zip(self.state, self.end) if st in want and t0 <= e < t1)
+
+    def node_days(self, t0: float, t1: float) -> float:
+        """Node-days of jobs running between t0 and t1."""
+        total = 0.0
+        for a, b, n in zip(self.start, self.end, self.nodes):
+            dt = (b if b < t1 else t1) - (a if a > t0 else t0)
+            if dt > 0:
+                total += n * dt
+        return total / DAY_S
+
+
+def _job(j: Any, where: str, runs: Runs) -> None:
+    if not isinstance(j, dict) or not isinstance(j.get("time"), dict):
+        raise CalibrationError(f"{where}: expected a job with 'time' (start, end) and 'state'")
+    st = j["state"].get("current") if isinstance(j.get("state"), dict) else j.get("state")
+    st = st[0] if isinstance(st, list) and st else st
+    if not isinstance(st, str) or not st or len(st) > 40:
+        raise CalibrationError(f"{where}.state.current: expected a job state, got {str(st)[:40]!r}")
+    nodes = _number(j.get("allocation_nodes", j.get("nodes_count")), f"{where}.allocation_nodes")
+    end = _number(j["time"].get("end"), f"{where}.time.end")
+    if end <= 0:
+        return  # still running: its exposure is not known yet
+    runs.add(st.upper(), int(nodes), _number(j["time"].get("start"), f"{where}.time.start"), end)
+
+
+def _json_jobs(fh: IO[str], source: str, runs: Runs) -> None:
+    """Stream ``sacct --json``'s ``jobs`` array one job at a time (the other top-level values are small)."""
+    dec = json.JSONDecoder()
+    buf, pos, eof = "", 0, False
+
+    def fill() -> bool:
+        nonlocal buf, pos, eof
+        chunk = fh.read(CHUNK)
+        if not chunk:
+            eof = True
+            return False
+        buf, pos = buf[pos:] + chunk, 0
+        return True
+
+    def skip(chars: str) -> str:
+        nonlocal pos
+        while True:
+            while pos < len(buf) and buf[pos] in chars:
+                pos += 1
+            if pos < len(buf) or not fill():
+                return buf[pos] if pos < len(buf) else ""
+
+    def value() -> Any:
+        nonlocal pos
+        while True:
+            try:
+                v, end = dec.raw_decode(buf, pos)
+            except ValueError as exc:
+                if eof or len(buf) - pos > MAX_JOB_TEXT:
+                    raise CalibrationError(f"{source}: not valid sacct --json ({exc})") from None
+                fill()
+                continue
+            if end == len(buf) and not eof and fill():  # a number may go on in the next chunk
+                continue
+            pos = end
+            return v
+
+    fill()
+    if skip(" \t\r\n") != "{":
+        raise CalibrationError(f"{source}: expected sacct --json output (an object with a 'jobs' list)")
+    pos += 1
+    seen = False
+    while True:
+        c = skip(" \t\r\n,")
+        if c == "}":
+            break
+        if c != '"':
+            raise CalibrationError(f"{source}: not valid sacct --json (a key expected at offset {pos})")
+        key = value()
+        if skip(" \t\r\n") != ":":
+            raise CalibrationError(f"{source}: not valid sacct --json (':' expected after {str(key)[:40]!r})")
+        pos += 1
+        if key != "jobs":
+            skip(" \t\r\n")
+            value()
+            continue
+        seen = True
+        if skip(" \t\r\n") != "[":
             raise CalibrationError(f"{source}: expected sacct --json output (an object with a 'jobs' list)")
-        out = []
-        for i, j in enumerate(jobs):
-            where = f"{source}: jobs[{i}]"
-            if not isinstance(j, dict) or not isinstance(j.get("time"), dict):
-                raise CalibrationError(f"{where}: expected a job with 'time' (start, end) and 'state'")
-            st = (j.get("state") or {}).get("current") if isinstance(j.get("state"), dict) else j.get("state")
-            st = st[0] if isinstance(st, list) and st else st
-            if not isinstance(st, str):
-                raise CalibrationError(f"{where}.state.current: expected a job state, got {st!r}")
-            nodes = j.get("allocation_nodes", j.get("nodes_count"))
-            out.append(Run(str(j.get("job_id")), st.upper(), int(_number(nodes, f"{where}.allocation_nodes")),
-                           _number(j["time"].get("start"), f"{where}.time.start"),
-                           _number(j["time"].get("end"), f"{where}.time.end")))
-        return out
-    lines = text.splitlines()
-    header = lines[0].split("|") if lines else []
+        pos += 1
+        i = 0
+        while True:
+            c = skip(" \t\r\n,")
+            if c == "]":
+                pos += 1
+                break
+            if not c:
+                raise CalibrationError(f"{source}: not valid sacct --json (the jobs list ends early)")
+            _job(value(), f"{source}: jobs[{i}]", runs)
+            i += 1
+    if not seen:
+        raise CalibrationError(f"{source}: expected sacct --json output (an object with a 'jobs' list)")
+
+
+def read_sacct_file(fh: IO[str], source: str = "sacct") -> Runs:
+    """``sacct --json`` (a ``jobs`` list, streamed) or ``sacct -P`` with a header naming JobID, State, NNodes,
+    Start, End (line by line)."""
+    runs = Runs()
+    first = fh.read(1)
+    while first and first.isspace():
+        first = fh.read(1)
+    if first == "{":
+        _json_jobs(_Prefixed(first, fh), source, runs)
+        return runs
+    header = (first + fh.readline()).rstrip("\n").split("|")
     need = ("JobID", "State", "NNodes", "Start", "End")
     if any(f not in header for f in need):
         raise CalibrationError(f"{source}: line 1: expected sacct --json, or sacct -P with a header naming "
                                f"{', '.join(need)}")
     col = {f: header.index(f) for f in need}
-    out = []
-    for n, line in enumerate(lines[1:], start=2):
+    for n, line in enumerate(fh, start=2):
         if not line.strip():
             continue
-        f = line.split("|")
         where = f"{source}: line {n}"
+        if len(line) > MAX_LINE:
+            raise CalibrationError(f"{where}: longer than {MAX_LINE} characters")
+        f = line.rstrip("\n").split("|")
         if len(f) != len(header):
             raise CalibrationError(f"{where}: expected {len(header)} fields separated by '|', got {len(f)}")
         if f[col["End"]] in ("", "Unknown"):
@@ -156,9 +281,25 @@ def read_sacct(text: str, source: str = "sacct") -> List[Run]:
             nn = int(f[col["NNodes"]])
         except ValueError:
             raise CalibrationError(f"{where}: NNodes: expected a node count, got {f[col['NNodes']][:20]!r}") from None
-        out.append(Run(f[col["JobID"]], f[col["State"]].split()[0].upper(), nn,
-                       _epoch(f[col["Start"]], f"{where}: Start"), _epoch(f[col["End"]], f"{where}: End")))
-    return out
+        st = f[col["State"]].split(" ")[0].upper()
+        runs.add(st[:40], nn, _epoch(f[col["Start"]], f"{where}: Start"), _epoch(f[col["End"]], f"{where}: End"))
+    return runs
+
+
+class _Prefixed:
+    """A text file with a character already read put back in front."""
+
+    def __init__(self, head: str, fh: IO[str]) -> None:
+        self.head, self.fh = head, fh
+
+    def read(self, n: int = -1) -> str:
+        head, self.head = self.head, ""
+        return head + self.fh.read(n if n < 0 else max(0, n - len(head)))
+
+
+def read_sacct(text: str, source: str = "sacct") -> Runs:
+    """:func:`read_sacct_file` of a string."""
+    return read_sacct_file(io.StringIO(text), source)
 
 
 # ---- which class an event is ----------------------------------------------------------------------------------------
@@ -236,16 +377,6 @@ def poisson_ci(k: int, level: float = 0.95) -> Tuple[float, float]:
     return lower, solve(k + 1, 1 - alpha / 2)
 
 
-def job_node_days(runs: List[Run], t0: float, t1: float) -> float:
-    """Node-days of jobs running between t0 and t1."""
-    total = 0.0
-    for r in runs:
-        dt = min(r.end, t1) - max(r.start, t0)
-        if dt > 0:
-            total += r.nodes * dt
-    return total / DAY_S
-
-
 def in_service_node_days(nodes: int, events: List[Event], t0: float, t1: float) -> float:
     """Node-days in service between t0 and t1 of a fleet of ``nodes``: every node's time, less its time out of
     service (an event still open counts to t1)."""
@@ -257,7 +388,7 @@ def in_service_node_days(nodes: int, events: List[Event], t0: float, t1: float) 
     return (nodes * (t1 - t0) - out) / DAY_S
 
 
-def exposure(sc: dict, events: List[Event], runs: List[Run], t0: float, t1: float) -> Tuple[float, str]:
+def exposure(sc: dict, events: List[Event], runs: Runs, t0: float, t1: float) -> Tuple[float, str]:
     """The node-days in which a fault could strike, and what they are: the whole fleet in service when idle nodes
     fail too (the scenario's ``cluster.idle_nodes_fail``; the fleet's size is the scenario's ``cluster.nodes``), else
     the node-days of jobs running (sacct)."""
@@ -266,10 +397,10 @@ def exposure(sc: dict, events: List[Event], runs: List[Run], t0: float, t1: floa
     if not runs:
         raise CalibrationError("sacct: no job runs in the records, and faults strike only running jobs "
                                "(cluster.idle_nodes_fail: false): the exposure is unknown; give --sacct")
-    return job_node_days(runs, t0, t1), "node-days of jobs running (sacct)"
+    return runs.node_days(t0, t1), "node-days of jobs running (sacct)"
 
 
-def fit(sc: dict, brain, events: List[Event], runs: List[Run], t0: float, t1: float) -> dict:
+def fit(sc: dict, brain, events: List[Event], runs: Runs, t0: float, t1: float) -> dict:
     """Rates per event key and per class between t0 and t1 (events that began in the window)."""
     expo, expo_what = exposure(sc, events, runs, t0, t1)
     if expo <= 0:
@@ -295,17 +426,17 @@ def fit(sc: dict, brain, events: List[Event], runs: List[Run], t0: float, t1: fl
                        "base_rate": sum(_per_1000(base[n]) for n in names)}
     job_faults = [f["name"] for f in sc["faults"] if f["scope"] == "job" and f.get("per_node_h")]
     if job_faults and runs:  # a job's own software: per node-day of the job running
-        jexpo = job_node_days(runs, t0, t1)
-        failed = sum(1 for r in runs if r.state == "FAILED" and t0 <= r.end < t1)
+        jexpo = runs.node_days(t0, t1)
+        failed = runs.ended(("FAILED",), t0, t1)
         lo, hi = poisson_ci(failed)
         groups["job"] = {"classes": job_faults, "count": failed, "rate": 1000 * failed / jexpo if jexpo else 0.0,
                          "ci95": [1000 * lo / jexpo, 1000 * hi / jexpo] if jexpo else [0.0, 0.0],
                          "mean_out_days": None, "exposure_node_days": jexpo,
                          "base_rate": sum(_per_1000(base[n]) for n in job_faults)}
     unknown = {k: n for k, n in counts.items() if k not in keys}
-    crashes = sum(1 for r in runs if r.state in CRASH_STATES and t0 <= r.end < t1)
+    crashes = runs.ended(CRASH_STATES, t0, t1)
     return {"window": [t0, t1], "exposure_node_days": expo, "exposure": expo_what, "groups": groups,
-            "unmatched": unknown, "interruptions": crashes, "job_node_days": job_node_days(runs, t0, t1)}
+            "unmatched": unknown, "interruptions": crashes, "job_node_days": runs.node_days(t0, t1)}
 
 
 def _per_1000(fault: dict) -> float:
@@ -343,7 +474,7 @@ def calibrated_raw(sc: dict, res: dict) -> dict:
 
 
 # ---- the held-out check ---------------------------------------------------------------------------------------------
-def holdout(sc: dict, brain, events: List[Event], runs: List[Run], t0: float, t1: float, share: float) -> List[dict]:
+def holdout(sc: dict, brain, events: List[Event], runs: Runs, t0: float, t1: float, share: float) -> List[dict]:
     """Fit on [t0, cut), predict [cut, t1): per group and for interruptions, observed against a 95 % interval
     (the fitted rate's interval times the later exposure, widened by the later count's own Poisson spread)."""
     cut = t1 - share * (t1 - t0)
@@ -384,19 +515,24 @@ def poisson_ci_quantile(mu: float, q: float) -> int:
         p *= mu / k
 
 
-def load_records(events_path: Optional[str], sacct_path: Optional[str]) -> Tuple[List[Event], List[Run]]:
+def load_records(events_path: Optional[str], sacct_path: Optional[str]) -> Tuple[List[Event], Runs]:
     events: List[Event] = []
-    runs: List[Run] = []
+    runs = Runs()
     if events_path:
         with open(events_path, encoding="utf-8", errors="replace") as fh:
             events = read_events(fh, events_path)
     if sacct_path:
-        runs = read_sacct(Path(sacct_path).read_text(encoding="utf-8", errors="replace"), sacct_path)
+        with open(sacct_path, encoding="utf-8", errors="replace") as fh:
+            runs = read_sacct_file(fh, sacct_path)
     return events, runs
 
 
-def window_of(events: List[Event], runs: List[Run]) -> Tuple[float, float]:
-    times = [r.start for r in runs] + [r.end for r in runs] + [e.start for e in events]
-    if not times:
+def window_of(events: List[Event], runs: Runs) -> Tuple[float, float]:
+    lows = [min(runs.start)] if len(runs) else []
+    highs = [max(runs.end)] if len(runs) else []
+    if events:
+        lows.append(min(e.start for e in events))
+        highs.append(max(e.start for e in events))
+    if not lows:
         raise CalibrationError("the records are empty: no job run and no node event")
-    return min(times), max(times)
+    return min(lows), max(highs)

@@ -29,7 +29,7 @@ def _records(sc, seed):
     sim = Sim(sc, pol, seed, default_brain(sc))
     sim.run()
     events = cal.read_events(events_text(sim.vslurm.events).splitlines(), "events")
-    runs = cal.read_sacct(json.dumps(sacct_json(sim)), "sacct")
+    runs = cal.read_sacct(json.dumps(sacct_json(sim), indent=1), "sacct")
     return events, runs
 
 
@@ -150,12 +150,27 @@ def test_event_records_genuine_control():
                "time": {"start": {"set": True, "number": 100}, "end": {"set": True, "number": 3700}}}]},
 ])
 def test_sacct_json_of_both_releases(doc):
-    (run,) = cal.read_sacct(json.dumps(doc), "s")
-    assert (run.state, run.nodes, run.end - run.start) == ("NODE_FAIL", 4, 3600)
+    for text in (json.dumps(doc), json.dumps(dict(meta={"command": ["sacct", "--json", "jobs"]}, **doc), indent=2)):
+        (run,) = cal.read_sacct(text, "s")
+        assert (run.state, run.nodes, run.end - run.start) == ("NODE_FAIL", 4, 3600)
+
+
+def test_sacct_json_is_streamed_across_chunks(monkeypatch):
+    """Jobs (and numbers) cut by the read chunk are read whole: the same runs with a 7-character chunk."""
+    monkeypatch.setattr(cal, "CHUNK", 7)
+    jobs = [{"job_id": i, "state": {"current": ["COMPLETED" if i % 3 else "NODE_FAIL"]}, "allocation_nodes": i + 1,
+             "time": {"start": 1000 + i, "end": 123456789 + i}} for i in range(50)]
+    runs = cal.read_sacct(json.dumps({"meta": {"plugin": "x"}, "jobs": jobs, "errors": []}, indent=1), "s")
+    assert [(r.nodes, r.end) for r in runs] == [(i + 1, 123456789 + i) for i in range(50)]
+    assert runs.ended(("NODE_FAIL",), 0, 2e9) == 17
 
 
 @pytest.mark.parametrize("text,match", [
-    ("{", "not valid JSON"),
+    ("{", "not valid sacct --json"),
+    ('{"meta": {"x": 1}, "jobs": [{"state": {"current": ["FAILED"]}, "allocation_nodes": 1, "time": {"start": 1}}',
+     "time.end: expected a number"),
+    ('{"jobs": [', "the jobs list ends early"),
+    ('{"jobs": [{"a": "' + "x" * (2 << 20), "not valid sacct --json"),
     ('{"jobs": 3}', "expected sacct --json output"),
     ('{"jobs": [{"state": {"current": ["X"]}, "time": {"start": "soon", "end": 1}, "allocation_nodes": 1}]}',
      r"jobs\[0\].time.start: expected a number"),
