@@ -120,8 +120,39 @@ def against_airesim(pairs=2):
           f"ours uses {min(ratios):.1f}-{max(ratios):.1f}x less CPU (goal >= 20x)")
 
 
+AIRESIM_BAD = ("import statistics as st; from airesim.params import Params; from airesim.simulator import Simulator; "
+               "r = [Simulator(Params(), seed=s).run() for s in range(1, {n} + 1)]; "
+               "print(st.mean(x.systematic_failures for x in r), st.stdev(x.systematic_failures for x in r), "
+               "st.mean(x.total_failures for x in r))")
+
+
+def bad_servers_side_by_side(seeds=10):
+    """AIReSim's bad-server (systematic) failures against ours on its default case, means over ``seeds`` each."""
+    import statistics as st
+
+    with tempfile.TemporaryDirectory(prefix="airesim-") as d:
+        with tarfile.open(AIRESIM_TAR) as tar:
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(d, filter="data")
+            else:
+                tar.extractall(d)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (d, os.environ.get("PYTHONPATH", "")) if p))
+        out = subprocess.run([sys.executable, "-c", AIRESIM_BAD.format(n=seeds)], env=env, check=True,
+                             capture_output=True, text=True).stdout.split()
+    t_mean, t_sd, t_fail = (float(x) for x in out[-3:])
+    sc = scn.load(val.SCENARIOS / "airesim-default.yaml")
+    rows = [run_one(sc, POL, s) for s in range(1, seeds + 1)]
+    lem = [r["lemon_failures"] for r in rows]
+    o_mean, o_sd = st.mean(lem), st.stdev(lem)
+    print(f"AIReSim default, bad-server failures over {seeds} seeds each: AIReSim {t_mean:.1f} +- "
+          f"{t_sd / seeds ** 0.5:.1f}, ours {o_mean:.1f} +- {o_sd / seeds ** 0.5:.1f} ({o_mean / t_mean - 1:+.1%}; "
+          f"goal within 3 %); all failures AIReSim {t_fail:,.0f}, ours "
+          f"{st.mean(r['interruptions'] for r in rows):,.0f}")
+
+
 def main():
     against_airesim()
+    bad_servers_side_by_side()
     aire = scn.load(val.SCENARIOS / "airesim-default.yaml")
     timed(aire, "AIReSim default (4,096 servers, 256 days)")
     timed(aire, "AIReSim default (4,096 servers, 256 days)", engine_only=True)

@@ -97,6 +97,14 @@ class Sim(FaultProcesses, RepairRuns, Evictions, People):
             self.jobs[i] = Job(self, i, js, ids)
         for n in range(nid, self.N):
             self._idle_add(n)
+        self.standby_of: dict[int, int] = {}  # idle node -> the job it is a warm standby of
+        for job in self.jobs:
+            for n in self.idle:
+                if len(job.standby) >= job.spec["standbys"]:
+                    break
+                if n not in self.standby_of:
+                    job.standby.append(n)
+                    self.standby_of[n] = job.idx
         lf = sc["lemons"]["fraction"]
         if lf > 0:
             k = int(round(lf * self.N))
@@ -174,10 +182,14 @@ class Sim(FaultProcesses, RepairRuns, Evictions, People):
         for s in list(job.missing):
             if spares == "none":
                 continue
-            if not self.idle:
-                self.stats["pool_empty"] += 1  # a slot to fill and no spare left: the job waits for a repair
-                break
-            n = self.idle[self.rng.randrange(len(self.idle))]
+            n = self._standby(job)
+            if n is None:
+                if len(self.idle) <= len(self.standby_of):  # the idle nodes left are other jobs' standbys
+                    self.stats["pool_empty"] += 1  # a slot to fill and no spare left: the job waits for a repair
+                    break
+                n = self.idle[self.rng.randrange(len(self.idle))]
+                while n in self.standby_of:  # another job's standby (drawn again only when jobs keep standbys)
+                    n = self.idle[self.rng.randrange(len(self.idle))]
             self._idle_remove(n)
             self._place(job, s, n)
             self.stats["spares_used"] += 1
@@ -186,6 +198,15 @@ class Sim(FaultProcesses, RepairRuns, Evictions, People):
         if job.missing and job not in self.waiting_jobs:
             self.waiting_jobs.append(job)
         return ready
+
+    def _standby(self, job: Job) -> int | None:
+        """The first of the job's warm standbys still idle (AIReSim's standby list, first in, first out)."""
+        while job.standby:
+            n = job.standby.pop(0)
+            self.standby_of.pop(n, None)
+            if self.owner[n] == -1:
+                return n
+        return None
 
     def _place(self, job: Job, s: int, n: int) -> None:
         job.missing.remove(s)
@@ -214,6 +235,11 @@ class Sim(FaultProcesses, RepairRuns, Evictions, People):
                 self._wake(job)
                 return
         self._idle_add(n)
+        for job in self.jobs:  # a repaired node refills a job's warm standbys, in the order nodes come back
+            if not job.done and len(job.standby) < job.spec["standbys"]:
+                job.standby.append(n)
+                self.standby_of[n] = job.idx
+                break
 
     def _wake(self, job: Job) -> None:
         if not job.missing and job in self.waiting_jobs:
@@ -243,6 +269,9 @@ class Sim(FaultProcesses, RepairRuns, Evictions, People):
     def _take_out(self, n: int) -> None:
         if self.owner[n] == -1:
             self._idle_remove(n)
+            j = self.standby_of.pop(n, None)
+            if j is not None:  # a warm standby that failed while idle
+                self.jobs[j].standby.remove(n)
         self.owner[n] = -2
         self.out_count += 1
         self.out_nodes.add(n)

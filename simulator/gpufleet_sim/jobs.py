@@ -27,6 +27,7 @@ class Job:
         self.pending: list[Failure] = []
         self.missing: list[int] = []  # slots without a node
         self.reserved: dict[int, int] = {}  # slot -> node it waits for (spares: none)
+        self.standby: list[int] = []  # the job's warm standbys (idle nodes kept for it; spec standbys)
         self.computing = False
         self.down = False
         self.done = False

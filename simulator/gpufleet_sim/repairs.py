@@ -316,6 +316,10 @@ class RepairRuns:
         env, rng = self.env, self.rng
         acts = self.rep["actions"]
         dur = acts[action]["duration_min"]["sample"](rng) * H
+        then = acts[action].get("then")
+        staged = then is not None and rng.random() < then["probability"]
+        if staged:  # the step's second stage (drawn only when the scenario has one: other runs keep their streams)
+            dur += then["duration_min"]["sample"](rng) * H
         if action == "replace":
             dur += self.rep["rma_lead_days"]["sample"](rng) * 24.0
         done_at = env.now + dur  # the step itself ends; its check follows
@@ -326,9 +330,9 @@ class RepairRuns:
         rec.attempts.append((env.now, action, ok, done_at))
         if ok:
             lem = self.sc["lemons"]
+            cure = lem["cure_probability_then"] if staged else lem["cure_probability"]
             # the cure is drawn only when a repair can miss, so runs without misdiagnosis keep their random streams
-            if rec.lemon and LEVEL[action] >= LEVEL[lem["cured_by"]] and (
-                    lem["cure_probability"] >= 1.0 or rng.random() < lem["cure_probability"]):
+            if rec.lemon and LEVEL[action] >= LEVEL[lem["cured_by"]] and (cure >= 1.0 or rng.random() < cure):
                 rec.lemon = False
             rec.fault = None
         return ok

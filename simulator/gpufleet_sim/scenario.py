@@ -166,7 +166,7 @@ def validate(raw: Any, source: str = "scenario") -> dict:
         if not isinstance(j, dict):
             raise SpecError(f"{jp}: expected a mapping")
         _unknown(j, {"name", "nodes", "work_hours", "checkpoint_interval_min", "checkpoint_cost_min", "restart_min",
-                     "faults_while_down"}, jp)
+                     "faults_while_down", "standbys"}, jp)
         ci = j.get("checkpoint_interval_min", "young")
         if not (ci in ("young", "daly") or (isinstance(ci, (int, float)) and not isinstance(ci, bool) and ci >= 0)):
             raise SpecError(f"{jp}.checkpoint_interval_min: expected a number >= 0 (0: in-memory checkpoint every "
@@ -179,6 +179,9 @@ def validate(raw: Any, source: str = "scenario") -> dict:
             "checkpoint_cost_min": _get(j, "checkpoint_cost_min", jp, float, 1.0, _nonneg),
             "restart_min": _dur(j, "restart_min", jp, {"dist": "lognormal", "median": 10, "p90": 25}),
             "faults_while_down": _get(j, "faults_while_down", jp, bool, True),
+            # warm standbys of the job's own (AIReSim's): a failed node's slot takes the first of them; repaired nodes
+            # refill the list in the order they come back; 0: every replacement is drawn from the idle pool
+            "standbys": _get(j, "standbys", jp, int, 0, lambda v: None if v >= 0 else "an integer >= 0"),
         }
         if ci == 0 and job["checkpoint_cost_min"] > 0:
             raise SpecError(f"{jp}.checkpoint_interval_min: 0 means an in-memory checkpoint every step, free; with "
@@ -270,12 +273,16 @@ def validate(raw: Any, source: str = "scenario") -> dict:
 
     lem = _get(raw, "lemons", source, dict, {})
     lp = f"{source}.lemons"
-    _unknown(lem, {"fraction", "multiplier", "cured_by", "cure_probability"}, lp)
+    _unknown(lem, {"fraction", "multiplier", "cured_by", "cure_probability", "cure_probability_then"}, lp)
     sc["lemons"] = {"fraction": _get(lem, "fraction", lp, float, 0.0, _prob),
                     "multiplier": _get(lem, "multiplier", lp, float, 5.0, lambda v: None if v >= 1 else "a value >= 1"),
                     "cured_by": _get(lem, "cured_by", lp, str, "replace", _one_of(ACTIONS)),
                     # misdiagnosis: a repair that passes verification but leaves the lemon's fault in place
                     "cure_probability": _get(lem, "cure_probability", lp, float, 1.0, _prob)}
+    # a repair whose second stage ran (repair.actions.<a>.then: AIReSim's manual repair after its automated one)
+    # cures with this chance instead; by default the same
+    sc["lemons"]["cure_probability_then"] = _get(lem, "cure_probability_then", lp, float,
+                                                 sc["lemons"]["cure_probability"], _prob)
 
     rep = _get(raw, "repair", source, dict, {})
     rp = f"{source}.repair"
@@ -289,9 +296,15 @@ def validate(raw: Any, source: str = "scenario") -> dict:
         ap = f"{rp}.actions.{a}"
         spec = dict(DEFAULT_ACTIONS[a])
         spec.update(_get(acts_raw, a, f"{rp}.actions", dict, {}))
-        _unknown(spec, {"duration_min", "success"}, ap)
+        _unknown(spec, {"duration_min", "success", "then"}, ap)
         actions[a] = {"duration_min": _dur(spec, "duration_min", ap),
                       "success": _get(spec, "success", ap, float, check=_prob)}
+        then = _get(spec, "then", ap, dict, None)
+        if then is not None:  # a second stage for a share of the steps (AIReSim: manual repair after automated)
+            tp = f"{ap}.then"
+            _unknown(then, {"probability", "duration_min"}, tp)
+            actions[a]["then"] = {"probability": _get(then, "probability", tp, float, check=_prob),
+                                  "duration_min": _dur(then, "duration_min", tp)}
     bh = rep.get("business_hours", {"start": 9, "end": 17, "weekdays": 5})
     if bh is not None:
         bp = f"{rp}.business_hours"

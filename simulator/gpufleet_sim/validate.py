@@ -183,20 +183,36 @@ def rsc_cases(failures: int = 2000, seeds: int = 1) -> list[dict]:
     return out
 
 
-def airesim_cases(seeds: int = 1) -> list[dict]:
+#: AIReSim 7b139c7 itself, run side by side on this project's machine (benchmarks/bench_simulator.py runs it again):
+#: its default Params, seeds 1-10, systematic (bad-server) failures per replication.
+AIRESIM_BAD_SERVER = (681, 696, 702, 702, 686, 702, 669, 699, 685, 693)
+AIRESIM_SEEDS = len(AIRESIM_BAD_SERVER)
+
+
+def airesim_cases(seeds: int = 1, bad_seeds: int = AIRESIM_SEEDS) -> list[dict]:
+    """``seeds`` for the failure count and ETR; the bad-server failures are a mean over ``bad_seeds`` (>= 10 seeds
+    against AIReSim's own mean over 10: within 3 %; fewer: within 10 % of its published 30-replication mean)."""
     sc = _load("airesim-default.yaml")
     pol = resolve("passive+auto-repair+hot-spares")
-    rows = [run_one(sc, pol, s) for s in range(1, seeds + 1)]
-    fails = sum(r["interruptions"] for r in rows) / seeds
-    lemon = sum(r["lemon_failures"] for r in rows) / seeds
-    etr = sum(r["ettr"] for r in rows) / seeds
+    rows = [run_one(sc, pol, s) for s in range(1, max(seeds, bad_seeds) + 1)]
+    fails = sum(r["interruptions"] for r in rows[:seeds]) / seeds
+    lemon = sum(r["lemon_failures"] for r in rows[:bad_seeds]) / bad_seeds
+    etr = sum(r["ettr"] for r in rows[:seeds]) / seeds
+    theirs = sum(AIRESIM_BAD_SERVER) / AIRESIM_SEEDS
     # AIReSim's docs/SIMULATION_REPORT.md, 30 replications: 11,145.6 +- 100.3 failures, 688.6 +- 15.4 of them
     # systematic (bad servers), ETR 0.6228
+    if bad_seeds >= AIRESIM_SEEDS:
+        bad = _case("AIReSim default: bad-server failures (against AIReSim run side by side)", theirs, lemon, 0.03,
+                    "rel", note=f"means over {bad_seeds} seeds here and {AIRESIM_SEEDS} of AIReSim 7b139c7",
+                    why="follows from the misdiagnosis rate, the repair time's shape, the stage-dependent cure, the "
+                        "warm standbys and the pool dynamics; none is set from it")
+    else:
+        bad = _case("AIReSim default: bad-server failures", 688.6, lemon, 0.10, "rel", note=f"{bad_seeds} seed(s)",
+                    why="follows from the misdiagnosis rate, the repair time's shape, the stage-dependent cure, the "
+                        "warm standbys and the pool dynamics; none is set from it")
     return [_case("AIReSim default: failures", 11145.6, fails, 0.02, "rel", note=f"{seeds} seed(s)",
                   role="restates", why="AIReSim's failure rates and job size are the scenario's"),
-            _case("AIReSim default: bad-server failures", 688.6, lemon, 0.10, "rel",
-                  why="follows from the misdiagnosis rate, the repair time, the cure chance and the pool dynamics; "
-                      "none is set from it"),
+            bad,
             _case("AIReSim default: ETR", 0.6228, etr, 0.01, "abs", role="restates",
                   why="with lost work and detection zero, ETR is 6144 / (6144 + failures x 20 min): it follows "
                       "from the failure count")]
@@ -208,7 +224,7 @@ def run_all(quick: bool = False, progress=None) -> dict:
     groups = [("Daly", lambda: daly_cases(seeds=200 if quick else 400, sweep_seeds=40 if quick else 80)),
               ("Llama 3", lambda: llama_cases(seeds=24 if quick else 40)),
               ("RSC-1", lambda: rsc_cases(failures=3000 if quick else 9000, seeds=3)),
-              ("AIReSim", lambda: airesim_cases(seeds=1 if quick else 2))]
+              ("AIReSim", lambda: airesim_cases(seeds=1 if quick else 2, bad_seeds=2 if quick else AIRESIM_SEEDS))]
     cases = []
     for i, (name, run) in enumerate(groups):
         cases += run()

@@ -86,3 +86,32 @@ def test_integer_of_more_than_4300_digits_in_the_message(tmp_path, old, new, fie
     assert old in text
     msg = _load(tmp_path, text.replace(old, new).encode())
     assert field in msg and "an integer of" in msg
+
+
+def test_airesim_mechanics_are_scenario_options_that_are_checked():
+    """AIReSim's repair shape (a second stage for a share of the steps), its stage-dependent cure and its warm
+    standbys: each is validated by name, and a run with them keeps the standby list as AIReSim does (first in,
+    first out; refilled by repaired nodes, never beyond its size)."""
+    from gpufleet_sim import validate as val
+    from gpufleet_sim.brain import default_brain
+    from gpufleet_sim.engine import Sim
+    from gpufleet_sim.policies import resolve
+
+    scn = scenario
+    raw = scn.load(val.SCENARIOS / "airesim-default.yaml")["raw"]
+    for path, bad, match in (("jobs[0].standbys", -1, "standbys: expected an integer >= 0"),
+                             ("repair.actions.reboot.then", {"probability": 2, "duration_min": 5}, "probability"),
+                             ("repair.actions.reboot.then", {"chance": 0.5}, "unknown"),
+                             ("lemons.cure_probability_then", 1.5, "cure_probability_then")):
+        with pytest.raises(SpecError, match=match):
+            scn.validate(scn.override(raw, {path: bad}))
+    sc = scn.validate(scn.override(raw, {"horizon_days": 20}))
+    assert sc["jobs"][0]["standbys"] == 16 and sc["repair"]["actions"]["reboot"]["then"]["probability"] == 0.8
+    sim = Sim(sc, resolve("passive+auto-repair+hot-spares"), 1, default_brain(sc))
+    job = sim.jobs[0]
+    first = list(job.standby)
+    assert len(first) == 16 and all(sim.owner[n] == -1 for n in first)
+    sim.run()
+    assert len(job.standby) <= 16 and len(set(job.standby)) == len(job.standby)
+    assert all(sim.owner[n] == -1 for n in job.standby)  # standbys are idle nodes kept for the job
+    assert set(first) - set(job.standby)  # the first ones were taken in; repaired nodes took their places

@@ -56,8 +56,11 @@ def test_rsc1_scaling():
 @pytest.mark.slow
 def test_airesim_default():
     """No smoke of its own: one seed is the whole case (a single replication, ~11,000 failures); the fast tier runs
-    airesim-default for 60 days in test_typed_records_decide_as_the_text_records_do."""
-    _check(val.airesim_cases(seeds=1))
+    airesim-default for 60 days in test_typed_records_decide_as_the_text_records_do. The bad-server failures are a
+    mean over 10 seeds against AIReSim's own mean over 10 (run side by side, recorded in validate.py): within 3 %."""
+    cases = val.airesim_cases(seeds=1)
+    assert "against AIReSim run side by side" in cases[1]["case"] and cases[1]["tolerance"] == "±3 %", cases[1]
+    _check(cases)
 
 
 def _check_smoke(cases, tolerances):
