@@ -54,6 +54,10 @@ def _policies(args, sc) -> list:
     return out or [resolve(p, f"policies[{i}]") for i, p in enumerate(sc["policies"])]
 
 
+#: ``--factorial auto`` runs the design when nodes x days x 54 x seeds stays below this (default-1k: 1.6 million)
+FACTORIAL_AUTO_NODE_DAYS = 5_000_000
+
+
 def cmd_run(args) -> int:
     from .report import table, write_all, write_json
     from .runner import run_scenario
@@ -75,6 +79,18 @@ def cmd_run(args) -> int:
         res["knob_effects"] = knob_effects(sc, anchor, res["per_seed"][best], progress=cb)
         if progress_bar is not None:
             progress_bar.close()
+    size = sc["cluster"]["nodes"] * (sc.get("horizon_days") or 365) * 54 * seeds
+    if args.factorial == "on" or (args.factorial == "auto" and size <= FACTORIAL_AUTO_NODE_DAYS):
+        from .runner import factorial_effects
+
+        # the full design over the knobs, the same seeds: each knob's own effect over every other setting
+        cb, progress_bar = _progress_factory(1)
+        res["factorial"] = factorial_effects(sc, seeds, progress=cb)
+        if progress_bar is not None:
+            progress_bar.close()
+    elif args.factorial == "auto":
+        print(f"the full design over the knobs (54 combinations x {seeds} seeds of this size) was left out; "
+              "--factorial on runs it", file=sys.stderr)
     sens = None
     if sc["estimates"] and len(pols) > 1 and not args.no_sensitivity:
         from .sensitivity import run_sensitivity, verdict
@@ -415,6 +431,9 @@ def main(argv=None) -> int:
                    help="skip running the scenario's estimates at the ends of their ranges (gpufleet-sim sensitivity)")
     r.add_argument("--no-effects", action="store_true",
                    help="skip each knob's own effect around the best policy (one run per other knob level)")
+    r.add_argument("--factorial", choices=("auto", "on", "off"), default="auto",
+                   help="the full design over detection, spares, repair and job action (54 combinations, each "
+                        "knob's main effect); auto: when the runs are small (default-1k: about 4 s)")
     r.add_argument("--out", help="directory for the table, CSV, JSON, PNG plots and HTML report")
     r.add_argument("--json", help="write the JSON result to PATH, or - for stdout")
     r.add_argument("--export-history", metavar="DIR",

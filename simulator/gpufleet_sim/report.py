@@ -82,6 +82,8 @@ def table(res: dict) -> str:
     out += [f"{name}: {text}" for name, text in explain(res)]
     if res.get("knob_effects"):
         out += [""] + effects_text(res["knob_effects"])
+    if res.get("factorial"):
+        out += [""] + factorial_text(res["factorial"])
     return "\n".join(out)
 
 
@@ -119,6 +121,29 @@ def effects_text(eff: dict) -> list:
         out.append(f"Passive health checks themselves (against reactive detection, with {held} as in "
                    f"{eff['anchor']}): ETTR {_pts(d_ettr)}, lost GPU-hours {_pts(d_lost, 1.0, '', 0)}: "
                    f"{_verdict(d_ettr, n)}.")
+    return out
+
+
+def factorial_text(fx: dict) -> list:
+    """The full design's main effects: each knob's own effect averaged over every combination of the others."""
+    n = fx["seeds"]
+    _ONE_SEED[0] = n < 2
+    out = [f"The full design ({fx['cells']} combinations of {', '.join(fx['knobs'])}; identify {fx['identify']}; "
+           f"the same {n} seed(s)): each knob's main effect, a level against the knob's first, averaged over every "
+           "combination of the other knobs:"]
+    rows = [["knob", "level", "against", "ETTR (level - against)", "lost GPU-h (level - against)"]]
+    for e in fx["effects"]:
+        rows.append([e["knob"], e["level"], e["vs"], _pts(e["ettr"]), _pts(e["lost_gpu_hours"], 1.0, "", 0)])
+    w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out += [("  " + "  ".join(c.ljust(w[i]) for i, c in enumerate(r))).rstrip() for r in rows]
+    det = next((e for e in fx["effects"] if e["knob"] == "detection"), None)
+    if det is not None:
+        out.append(f"Passive health checks, averaged over every spares, repair and job-action setting: ETTR "
+                   f"{_pts(det['ettr'])}, lost GPU-hours {_pts(det['lost_gpu_hours'], 1.0, '', 0)}: "
+                   f"{_verdict(det['ettr'], n)}.")
+    b = fx["best"]
+    out.append("Best cell of the design: " + ", ".join(f"{k} {b[k]}" for k in fx["knobs"]) +
+               f" (ETTR {b['ettr'] * 100:.1f} %).")
     return out
 
 
@@ -188,6 +213,8 @@ def public_json(res: dict) -> dict:
            "paired": res.get("paired", {})}
     if "knob_effects" in res:
         out["knob_effects"] = res["knob_effects"]
+    if "factorial" in res:
+        out["factorial"] = res["factorial"]
     if "sensitivity" in res:
         out["sensitivity"] = res["sensitivity"]
     return out

@@ -204,3 +204,41 @@ def knob_effects(sc: dict, anchor: dict, anchor_rows: list, progress: Callable[[
         if progress:
             progress(i + 1, len(variants))
     return out
+
+
+def factorial_effects(sc: dict, seeds: int, identify: str = "auto",
+                      progress: Callable[[int, int], None] | None = None) -> dict:
+    """The full design over EFFECT_KNOBS (2 x 3 x 3 x 3 = 54 cells; ``identify`` held): every cell on the same seeds,
+    and each knob's main effect per level against the knob's first level: per seed, the mean over every combination
+    of the other knobs of (level - first level), then the CI over seeds (common random numbers). So an effect is the
+    knob's own, averaged over the rest of the design, never a named policy's total. Also the best cell by ETTR."""
+    import itertools
+
+    cells = list(itertools.product(*(KNOBS[k] for k in EFFECT_KNOBS)))
+    brains: dict = {}
+    runs: dict = {}
+    total = len(cells) * seeds
+    for i, levels in enumerate(cells):
+        pol = dict(zip(EFFECT_KNOBS, levels), identify=identify, name=" ".join(levels))
+        pol["label"] = pol["name"]
+        b = _brain(sc, pol, brains)
+        runs[levels] = [run_one(sc, pol, s, b) for s in range(1, seeds + 1)]
+        if progress:
+            progress((i + 1) * seeds, total)
+    effects = []
+    for ki, k in enumerate(EFFECT_KNOBS):
+        ref = KNOBS[k][0]
+        for level in KNOBS[k][1:]:
+            eff = {}
+            for metric in ("ettr", "lost_gpu_hours"):
+                per_seed = []
+                for s in range(seeds):
+                    diffs = [runs[c][s][metric] - runs[c[:ki] + (ref,) + c[ki + 1:]][s][metric]
+                             for c in cells if c[ki] == level]
+                    per_seed.append(sum(diffs) / len(diffs))
+                eff[metric] = mean_ci(per_seed)
+            effects.append({"knob": k, "level": level, "vs": ref, **eff})
+    mean_ettr = {c: sum(r["ettr"] for r in rows) / seeds for c, rows in runs.items()}
+    best = max(mean_ettr, key=mean_ettr.get)
+    return {"knobs": list(EFFECT_KNOBS), "cells": len(cells), "seeds": seeds, "identify": identify,
+            "effects": effects, "best": dict(zip(EFFECT_KNOBS, best), ettr=mean_ettr[best])}

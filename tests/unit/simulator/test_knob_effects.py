@@ -81,3 +81,50 @@ def test_run_prints_the_effects_by_default_and_not_with_no_effects(tmp_path):
     assert "Each knob's own effect, around" in r.stdout and "Passive health checks themselves" in r.stdout
     r = subprocess.run(args + ["--no-effects"], capture_output=True, text=True, timeout=600, check=False, env=env)
     assert r.returncode == 0 and "Each knob's own effect" not in r.stdout, r.stderr
+
+
+def test_the_full_design_gives_each_knob_its_main_effect_over_every_other_setting(short):
+    """factorial_effects runs all 54 combinations on the same seeds; a main effect is, seed by seed, the mean over the
+    other knobs' combinations of (level - first level). Recomputed here from plain run_one() calls for one level."""
+    import itertools
+
+    from gpufleet_sim.report import factorial_text
+    from gpufleet_sim.runner import EFFECT_KNOBS, factorial_effects
+
+    fx = factorial_effects(short, 2)
+    assert fx["cells"] == 2 * 3 * 3 * 3 and fx["seeds"] == 2
+    assert [(e["knob"], e["level"], e["vs"]) for e in fx["effects"]] == [
+        ("detection", "passive", "reactive"), ("spares", "cold", "none"), ("spares", "hot", "none"),
+        ("repair", "auto", "manual"), ("repair", "approval", "manual"), ("jobs", "requeue", "wait"),
+        ("jobs", "checkpoint_requeue", "wait")]
+    # detection: passive minus reactive, averaged over the 27 settings of the others, seed by seed
+    per_seed = []
+    for seed in (1, 2):
+        diffs = []
+        for spares, repair, jobs in itertools.product(("none", "cold", "hot"), ("manual", "auto", "approval"),
+                                                      ("wait", "requeue", "checkpoint_requeue")):
+            pol = {"spares": spares, "repair": repair, "jobs": jobs, "identify": "auto"}
+            ettr = {d: run_one(short, dict(pol, detection=d, name=d, label=d), seed)["ettr"]
+                    for d in ("passive", "reactive")}
+            diffs.append(ettr["passive"] - ettr["reactive"])
+        per_seed.append(sum(diffs) / len(diffs))
+    assert fx["effects"][0]["ettr"]["mean"] == pytest.approx(sum(per_seed) / 2, abs=1e-12)
+    assert set(fx["best"]) == set(EFFECT_KNOBS) | {"ettr"}
+    text = "\n".join(factorial_text(fx))
+    assert "Passive health checks, averaged over every spares, repair and job-action setting" in text
+
+
+def test_run_has_the_full_design_by_default_when_it_is_small(tmp_path):
+    cmd = [sys.executable, "-m", "gpufleet_sim.cli", "run", "--seeds", "1", "--no-effects", "--no-sensitivity"]
+    r = subprocess.run(cmd + [str(val.SCENARIOS / "default-1k.yaml"), "--json", str(tmp_path / "a.json")],
+                       capture_output=True, text=True, timeout=600, check=False)
+    assert r.returncode == 0, r.stderr
+    assert "The full design (54 combinations" in r.stdout
+    assert json.loads((tmp_path / "a.json").read_text())["factorial"]["cells"] == 54
+    r = subprocess.run(cmd + [str(val.SCENARIOS / "default-1k.yaml"), "--factorial", "off"], capture_output=True,
+                       text=True, timeout=600, check=False)
+    assert r.returncode == 0 and "The full design" not in r.stdout, r.stderr
+    r = subprocess.run(cmd + [str(val.SCENARIOS / "airesim-default.yaml")], capture_output=True, text=True,
+                       timeout=600, check=False)
+    assert r.returncode == 0 and "The full design" not in r.stdout, r.stderr
+    assert "--factorial on runs it" in r.stderr
