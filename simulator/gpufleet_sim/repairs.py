@@ -102,8 +102,8 @@ class RepairRuns:
         now_s = float(to_epoch(env.now))
         sl = self._slurm(n)
         vs = self.vslurm
-        if sl.jobs:  # the job has left the node (evicted, or crashed off it): Slurm shows no job on it
-            vs.jobs(sl, ())
+        if sl.jobs != ():  # the job has left the node (evicted, or crashed off it): Slurm shows no job on it
+            vs.jobs(sl, ())  # (None, "not read", left by a released node, would hold an open eviction for ever)
         vs.job_left(sl)
         if not proactive:  # a proactive drain (agent or plan) left the record drained by us, with its history
             # a fault: the node cannot run jobs (the live probe, which the simulator does not replay, finds the GPU
@@ -117,9 +117,11 @@ class RepairRuns:
             vs.report(sl, v["report"], now_s)
         approvals: set = set()
         at = env.now
+        seen: list = []
         for _guard in range(200):
             yield self.ask(n, sl, at, approvals)
             d = self._decided[n]
+            seen.append((round(env.now, 2), d.action, d.rule))
             at = env.now
             a = d.action
             if a == "wait":
@@ -188,7 +190,7 @@ class RepairRuns:
                 continue
             raise RuntimeError(f"repair brain returned an action the simulator does not know: {a}")
         if not fixed:
-            raise RuntimeError(f"node {n}: the repair brain did not settle after 200 decisions")
+            raise RuntimeError(f"node {n}: the repair brain did not settle after 200 decisions; the last: {seen[-6:]}")
         self.stats["repairs"] += 1
         self.stats["mttr"].append(env.now - out_since)
         self._bring_back(n)

@@ -40,3 +40,39 @@ def test_wait_and_checkpoint_requeue_differ_for_the_reason_they_should():
     assert wait["planned_interruptions_by_class"] == {} and ckpt["planned_interruptions_by_class"].get("straggler")
     assert req["evict_requeue"] > 0 and req["evict_checkpoint"] == 0
     assert req["proactive_drains"] == 0 and req["crashes"] > ckpt["crashes"]
+
+
+def test_a_released_node_with_an_open_eviction_is_repaired_not_held_for_ever():
+    """Found at 1,000,000 GPUs: a node that kept its job (its record's jobs None, "not read") and then crashed still
+    had an eviction under way in its history; the repair run waited for the evicted jobs ("evicting") at every run
+    until the engine gave up after 200 decisions. Slurm shows no job on a crashed node: the engine says so."""
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.history import Eviction, History
+    from gpufleet_sim import scenario as scn
+    from gpufleet_sim import validate as val
+    from gpufleet_sim.brain import default_brain, to_epoch
+    from gpufleet_sim.engine import Failure, Sim
+    from gpufleet_sim.policies import resolve
+
+    raw = scn.load(val.SCENARIOS / "default-1k.yaml")["raw"]
+    sc = scn.validate(scn.override(raw, {"horizon_days": 3, "false_positives.rate_per_1000_node_days": 0}))
+    sc["faults"] = [f for f in sc["faults"] if f["name"] == "faulty_gpu"]
+    sc["faults"][0].update(per_node_h=0.0, fixed_by="reboot")  # no fault of its own: the test drives one
+    sim = Sim(sc, resolve("passive+auto-repair+hot-spares"), 1, default_brain(sc))
+    n = 3
+    sl = sim._slurm(n)
+    h = History()
+    inc = h.open("gpu_lost", "xid79", 3, to_epoch(0.0))
+    inc.eviction = Eviction(to_epoch(0.0), "checkpoint_requeue", ("1",), None)
+    sim.vslurm.history(sl, h)
+    sim.vslurm.jobs(sl, None)  # as _release leaves it
+    f = sc["faults"][0]
+
+    def strike():
+        yield sim.env.timeout(1.0)
+        rec = sim._rec(n)
+        rec.state, rec.fault, rec.since = "failed", f, sim.env.now
+        sim.remove_from_job(sim.jobs[0], n, Failure(n, f, sim.env.now, sim.env.now, False, True))
+
+    sim.env.process(strike())
+    sim.run()
+    assert sim.stats["repairs"] == 1 and sim.owner[n] != -2
