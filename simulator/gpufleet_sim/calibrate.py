@@ -494,9 +494,9 @@ def holdout(sc: dict, brain, events: List[Event], runs: Runs, t0: float, t1: flo
     rate = early["interruptions"] / ej if ej else 0.0
     lo_r, hi_r = poisson_ci(early["interruptions"])
     scale = lj / ej if ej else 0.0
+    interval = [poisson_ci_quantile(lo_r * scale, 0.025), poisson_ci_quantile(hi_r * scale, 0.975)]
     rows.append({"what": "interruptions (runs ended NODE_FAIL or FAILED)", "observed": late["interruptions"],
-                 "predicted": rate * lj, "interval": [poisson_ci_quantile(lo_r * scale, 0.025),
-                                                             poisson_ci_quantile(hi_r * scale, 0.975)]})
+                 "predicted": rate * lj, "interval": interval})
     return rows
 
 
