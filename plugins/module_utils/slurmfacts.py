@@ -150,6 +150,16 @@ def startup_action(state: Optional[str], flags: Iterable[str], reason: Optional[
     return "none", None
 
 
+def reason_code(reason: Optional[str], prefix: str = REASON_PREFIX) -> Optional[str]:
+    """The finding code a reason written by :func:`drain_reason` names (``gpufleet: xid79 gpu3`` -> ``xid79``);
+    None for a reason that is not ours."""
+    reason = str(reason or "")
+    if not reason.startswith(prefix):
+        return None
+    words = reason[len(prefix):].split()
+    return words[0] if words else ""
+
+
 # ---- jobs ---------------------------------------------------------------------------------------------------------
 #: A Slurm job id as we name one: 123, or an array element 123_4 (what squeue's JobID field and scancel take).
 JOB_ID = re.compile(r"^[0-9]{1,12}(?:_[0-9]{1,9})?$", re.ASCII)

@@ -32,7 +32,7 @@ from array import array
 from dataclasses import dataclass
 from typing import IO, Any, Dict, Iterable, List, Optional, Tuple
 
-from ansible_collections.gpufleet.reliability.plugins.module_utils.slurmfacts import REASON_PREFIX
+from ansible_collections.gpufleet.reliability.plugins.module_utils.slurmfacts import reason_code
 
 from .vslurm import NOT_RESPONDING
 
@@ -306,9 +306,9 @@ def read_sacct(text: str, source: str = "sacct") -> Runs:
 def event_key(reason: str) -> str:
     """The code our drain reason names (``gpufleet: xid79 gpu3`` -> ``xid79``); Slurm's own DOWN reason as it is;
     anything else (a person's, another tool's) as ``other``."""
-    if reason.startswith(REASON_PREFIX):
-        words = reason[len(REASON_PREFIX):].split()
-        return words[0] if words else "other"
+    code = reason_code(reason)
+    if code is not None:
+        return code or "other"
     if reason.startswith(NOT_RESPONDING):
         return NOT_RESPONDING
     return "other"

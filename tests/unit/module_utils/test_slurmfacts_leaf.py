@@ -104,3 +104,9 @@ def test_the_roles_filter_gives_the_same_reason():
 ])
 def test_startup_action_is_the_runners_rule(state, flags, reason, failed, want):
     assert slurmfacts.startup_action(state, flags, reason, failed) == want
+
+
+def test_reason_code_reads_back_what_drain_reason_writes():
+    for code, gpu, pci in (("xid79", 3, None), ("nvml_missing", None, None), ("xid48", None, "0000:18:00")):
+        assert slurmfacts.reason_code(slurmfacts.drain_reason(code, gpu, pci)) == code
+    assert slurmfacts.reason_code("ops: cable") is None and slurmfacts.reason_code("gpufleet:") == ""
