@@ -111,10 +111,11 @@ def test_cli_round_trip_writes_a_scenario_that_says_where_each_rate_comes_from(t
     scn.load(out)  # what calibrate writes is a scenario the simulator runs
     bad = tmp_path / "bad.txt"
     bad.write_text(HEADER + "\nsim|n1|yesterday|Unknown|DRAIN|x|root\n")
-    r = subprocess.run(sim + ["calibrate", str(TRUTH), "--events", str(bad), "--sacct", str(d / "sacct.json")],
+    r = subprocess.run(sim + ["calibrate", str(TRUTH), "--events", str(bad), "--sacct", str(d / "sacct.json"),
+                              "--out", str(tmp_path / "refused.yaml")],
                        capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 2 and f"{bad}: line 2: TimeStart: expected a time" in r.stderr, r.stderr
-    assert not (tmp_path / "nothing.yaml").exists()
+    assert not (tmp_path / "refused.yaml").exists()  # records it cannot read: nothing written
 
 
 @pytest.mark.parametrize("text,match", [
