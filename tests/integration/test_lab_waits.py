@@ -50,6 +50,19 @@ def _gone(pid: int, timeout: float = 15) -> bool:
     return False
 
 
+def _lab_munged(lab_dir: Path) -> list[str]:
+    """`PID command line` of every munged whose socket is this lab's (for a failure's message)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "munged" in cmd and f"--socket={lab_dir}/munge/" in cmd:
+            found.append(f"{proc.name} {cmd}")
+    return found
+
+
 def test_slurmctld_that_never_answers_fails_within_its_bound_with_a_diagnosis(block):
     lab_dir = block.dir
     r = _lab(block, "start")
@@ -62,8 +75,10 @@ def test_slurmctld_that_never_answers_fails_within_its_bound_with_a_diagnosis(bl
         os.kill(munged, signal.SIGSTOP)
         os.kill(ctld, signal.SIGKILL)
         assert _gone(ctld)
+        seen = f"froze munged {munged}; munged of this lab before the start: {_lab_munged(lab_dir)}"
         r = _lab(block, "start", timeout=120, SLURM_LAB_CTLD_TIMEOUT="5")
-        assert r.returncode != 0, r.stdout + r.stderr
+        assert r.returncode != 0, f"{seen}\n{r.stdout}{r.stderr}"
+        assert Path(f"/proc/{munged}").exists(), f"{seen}; the start replaced it:\n{r.stderr}"
         assert "slurmctld did not answer 'scontrol ping' within 5 s" in r.stderr, r.stderr
         assert "--- last 'scontrol ping'" in r.stderr
         assert f"--- {lab_dir}/log/slurmctld.log (tail)" in r.stderr
@@ -79,3 +94,24 @@ def test_bad_timeout_setting_is_refused_by_name(block):
     r = _lab(block, "status", SLURM_LAB_CTLD_TIMEOUT="soon")
     assert r.returncode != 0
     assert "SLURM_LAB_CTLD_TIMEOUT must be a positive number of seconds, got 'soon'" in r.stderr
+
+
+def test_a_munged_its_pid_file_does_not_name_is_adopted_not_replaced(block):
+    """A start that finds this lab's own munged (this release) alive while its PID file names nothing alive keeps it:
+    it is the munged start_munged would adopt, not a stray to kill and replace."""
+    r = _lab(block, "start")
+    try:
+        assert r.returncode == 0, r.stdout + r.stderr
+        munged, ctld = _pid(block, "munged"), _pid(block, "slurmctld")
+        os.kill(ctld, signal.SIGKILL)
+        assert _gone(ctld)
+        (block.dir / "run" / "munged.pid").write_text("999999999\n")  # names no process
+        r = _lab(block, "start", timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"munged pid {munged} runs for this lab but" in r.stderr and "adopting it" in r.stderr, r.stderr
+        assert "stopping stray /usr/sbin/munged" not in r.stderr, r.stderr
+        assert _pid(block, "munged") == munged and Path(f"/proc/{munged}").exists()
+    finally:
+        stop = _lab(block, "stop", timeout=120)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert _gone(munged)

@@ -199,18 +199,30 @@ verified_pid() {
 lab_munged_cmd() { [[ "$1" == *"/usr/sbin/munged "*"--socket=$LAB/munge/"* ]]; }
 
 # stop_strays: Slurm daemons of this lab (their command line names this lab's slurm.conf), and a munged whose
-# socket is this lab's, whose PID file is gone or names another release's binary -
-# a run killed between a daemon's start and its PID file, or a PID file removed under a live daemon - stopped by
-# PID like the others. Without this a stray slurmctld keeps the lab's port and every later start fails.
+# socket is this lab's that runs another release's binary (a lab of that release in this directory left it) or is a
+# second one beside the munged the PID file names - a run killed between a daemon's start and its PID file - stopped
+# by PID like the others. Without this a stray slurmctld keeps the lab's port and every later start fails.
+# A munged of this lab and this release that its PID file does not name (the file gone, stale, or naming another
+# process) is this lab's munged, not a stray: it is adopted, as start_munged would adopt it, and never signalled
+# (a test that froze it to make slurmctld unanswerable must find it frozen, not replaced).
 stop_strays() {
-  local p cmd own_munged
+  local p cmd exe own_munged
   local -a specs=()
   own_munged=$(munged_pid || true)  # this lab's own munged (its PID file, this release): never a stray
   for p in /proc/[0-9]*; do
     cmd=$(tr '\0' ' ' 2>/dev/null <"$p/cmdline") || continue  # the process may be gone by now: say nothing
     case "$cmd" in
       *"/usr/sbin/slurm"*" -f $CONF "* | *"/usr/sbin/slurm"*" -f $CONF") ;;
-      *"/usr/sbin/munged "*) if ! lab_munged_cmd "$cmd" || [[ "${p#/proc/}" == "$own_munged" ]]; then continue; fi ;;
+      *"/usr/sbin/munged "*)
+        if ! lab_munged_cmd "$cmd" || [[ "${p#/proc/}" == "$own_munged" ]]; then continue; fi
+        exe=$(readlink "$p/exe" 2>/dev/null || true)
+        if [[ -z "$own_munged" && "${exe% (deleted)}" == "$(binary_path /usr/sbin/munged)" ]]; then
+          log "munged pid ${p#/proc/} runs for this lab but $LAB/run/munged.pid does not name it ($(cat \
+            "$LAB/run/munged.pid" 2>/dev/null || echo missing)): adopting it"
+          echo "${p#/proc/}" >"$LAB/run/munged.pid"
+          own_munged=${p#/proc/}
+          continue
+        fi ;;
       *) continue ;;
     esac
     echo "${p#/proc/}" >"$LAB/run/stray-${p#/proc/}.pid"
