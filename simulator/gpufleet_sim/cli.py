@@ -310,11 +310,25 @@ def cmd_spares(args) -> int:
     results = _run_points(args, jobs, "spares")
     if isinstance(results, int):
         return results
-    return _spares_report(args, sc, results)
+    flips = None
+    if sc["estimates"] and not args.no_sensitivity and args.slurm:
+        print("the spare count at the ends of the estimates' ranges is not searched under --slurm (the array's "
+              "tasks run the points above); run `gpufleet-sim spares` without --slurm for it", file=sys.stderr)
+    elif sc["estimates"] and not args.no_sensitivity:
+        from .sensitivity import spare_flips, spare_jobs
+
+        best = min(results, key=lambda r: r["cost_usd"]["mean"])
+        more, where = spare_jobs(sc, best["policy"], counts, seeds)
+        at_ends = _run_points(args, more, "spares")
+        if isinstance(at_ends, int):
+            return at_ends
+        flips = spare_flips(best["value"], at_ends, where)
+    return _spares_report(args, sc, results, flips)
 
 
-def _spares_report(args, sc: dict, results: list) -> int:
+def _spares_report(args, sc: dict, results: list, flips: list | None = None) -> int:
     from .runner import paired
+    from .sensitivity import spare_verdict
 
     best = min(results, key=lambda r: r["cost_usd"]["mean"])
     rivals = sorted((r for r in results if r is not best), key=lambda r: r["cost_usd"]["mean"])
@@ -346,6 +360,10 @@ def _spares_report(args, sc: dict, results: list) -> int:
                      f"95 % CI [{d['ci95'][0]:+,.0f}, {d['ci95'][1]:+,.0f}]"
                      + ("" if d["ci95"][0] > 0 else " (not separated: run more seeds)"))
         print(line)
+    if flips is not None:
+        out["spare_flips"] = flips
+        if args.json != "-":
+            print("\n".join(spare_verdict(best["value"], flips, best["policy"])))
     _emit_json(args.json, out)
     return 0
 
@@ -475,6 +493,8 @@ def main(argv=None) -> int:
     sp.add_argument("--task", type=int, help=argparse.SUPPRESS)
     sp.add_argument("--out")
     sp.add_argument("--json")
+    sp.add_argument("--no-sensitivity", action="store_true",
+                    help="skip the search again at the ends of each estimate's plausible range")
     sp.set_defaults(fn=cmd_spares)
     se = sub.add_parser("sensitivity", help="does the recommended policy hold over each estimate's plausible range?")
     se.add_argument("scenario")

@@ -93,6 +93,59 @@ def run_sensitivity(sc: dict, policies: list, seeds: int,
     return out
 
 
+def spare_jobs(sc: dict, policy: str, counts: list, seeds: int) -> tuple[list, list]:
+    """The spares search again with each estimate at each end of its range, for the cheapest policy only: the sweep
+    points ``(raw, assign, policy, seeds, count)`` as ``gpufleet-sim spares`` runs them, and for each point the
+    (estimate, end) it belongs to."""
+    job_nodes = sum(j["nodes"] for j in sc["jobs"])
+    jobs, where = [], []
+    for e in sc["estimates"]:
+        path = scn.resolve_names(sc["raw"], e["name"], e["where"])
+        for end in ("low", "high"):
+            raw = scn.override(sc["raw"], {path: e[end]})
+            scn.validate(raw, source=f"spares: {e['name']} = {end}")
+            for k in counts:
+                jobs.append((raw, {"cluster.nodes": job_nodes + k}, policy, seeds, k))
+                where.append((e, end))
+    return jobs, where
+
+
+def spare_flips(best_count: int, results: list, where: list) -> list:
+    """Where the cheapest spare count is another one than ``best_count``: per (estimate, end), the count with the
+    lowest mean total cost, and whether its lead over ``best_count`` is separated from zero (paired by seed)."""
+    groups: dict = {}
+    for res, (e, end) in zip(results, where):
+        groups.setdefault((e["name"], end), (e, end, []))[2].append(res)
+    flips = []
+    for e, end, pts in groups.values():
+        cheapest = min(pts, key=lambda r: r["cost_usd"]["mean"])
+        if cheapest["value"] == best_count:
+            continue
+        ours = next((r for r in pts if r["value"] == best_count), None)
+        certain = False
+        if ours is not None:
+            d = paired({"ours": ours["per_seed"], "there": cheapest["per_seed"]}, "ours", ("cost_usd",))
+            certain = bool(d["policies"]["there"]["cost_usd"]["ci95"][1] < 0)
+        flips.append({"input": e["name"], "end": end, "value": e[end], "spares": cheapest["value"],
+                      "certain": certain})
+    return flips
+
+
+def spare_verdict(best_count: int, flips: list, policy: str) -> list:
+    """The lines ``gpufleet-sim spares`` prints: a WARNING for each estimate whose range moves the cheapest spare
+    count (the input, the value, the count there), or one line that the count holds."""
+    out = []
+    for f in flips:
+        out.append(f"WARNING: the recommended spare count flips: {f['spares']} spare nodes cost less than "
+                   f"{best_count} for {policy} at {f['input']} = {_short(f['value'])}, inside the plausible range"
+                   + ("" if f["certain"] else " (within noise over these seeds)")
+                   + ": the count depends on that estimate; find the site's own value.")
+    if not flips:
+        out.append(f"{best_count} spare nodes stay the cheapest for {policy} at both ends of every estimate's "
+                   "plausible range (one at a time).")
+    return out
+
+
 def _pts(ci: dict | None) -> str:
     if not ci:
         return "-"
