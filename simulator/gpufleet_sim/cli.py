@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from . import scenario as scn
+from . import sources
 from .dists import SpecError, mean_ci
 from .policies import load_file, resolve
 
@@ -67,6 +68,7 @@ def cmd_run(args) -> int:
     seeds = args.seeds or sc["seeds"]
     cb, progress_bar = _progress_factory(len(pols) * seeds)
     res = run_scenario(sc, pols, seeds=seeds, progress=cb)
+    res["input_sources"] = sc["input_sources"]
     if progress_bar is not None:
         progress_bar.close()
     if not args.no_effects:
@@ -107,6 +109,8 @@ def cmd_run(args) -> int:
         print(f"wrote {files['html']}, {files['csv']}, " + ", ".join(str(p) for p in files["pngs"]))
     elif args.json != "-":
         print(table(res))
+    if args.json != "-":
+        print(sources.summary(sc["input_sources"]))
     if sens is not None and args.json != "-":
         names = ", ".join(e["name"] for e in sc["estimates"])
         print(f"This answer rests on {len(sc['estimates'])} estimates ({names}); each at the ends of its plausible "

@@ -217,6 +217,8 @@ def public_json(res: dict) -> dict:
         out["factorial"] = res["factorial"]
     if "sensitivity" in res:
         out["sensitivity"] = res["sensitivity"]
+    if "input_sources" in res:
+        out["input_sources"] = res["input_sources"]
     return out
 
 
@@ -365,6 +367,22 @@ def _sensitivity_html(res: dict, tornado: Path | None) -> str:
             f"<ul>{lines}</ul>\n{img}\n<pre>{e(text(sens))}</pre>\n")
 
 
+def _sources_html(res: dict) -> str:
+    """The report's section on where each input comes from: the counts by kind, any input that says nowhere, and the
+    table (folded)."""
+    rows = res.get("input_sources")
+    if not rows:
+        return ""
+    from .sources import describe, summary
+
+    e = html.escape
+    body = "".join(f"<tr><td><code>{e(r['path'])}</code></td><td>{e(str(r['kind'] or 'none'))}</td>"
+                   f"<td>{e(describe(r['source']))}</td></tr>" for r in rows)
+    return (f"<h2>Where the inputs come from</h2>\n<p>{e(summary(rows))}.</p>\n<details><summary>Every input and "
+            f"its source</summary><table><tr><th>input</th><th>kind</th><th>source</th></tr>{body}</table>"
+            "</details>\n")
+
+
 def write_html(res: dict, out: Path, pngs: list[Path], table_text: str, tornado: Path | None = None) -> Path:
     _ONE_SEED[0] = res["seeds"] < 2
     pol = res["policies"]
@@ -426,7 +444,8 @@ node's fault until it is back in service. {e(LEGEND_SPARES)}.</small></p>
 sets who acts and how fast. Per-seed numbers: <a href="results.csv">results.csv</a>; all metrics:
 <a href="results.json">results.json</a>.</small></p>
 <pre>{e(table_text)}</pre>
-{_sensitivity_html(res, tornado)}<p><small>Run time {res['wall_s']:.1f} s.</small></p></body></html>"""
+{_sensitivity_html(res, tornado)}{_sources_html(res)}
+<p><small>Run time {res['wall_s']:.1f} s.</small></p></body></html>"""
     p = out / "report.html"
     _atomic_write(p, doc.encode())
     return p

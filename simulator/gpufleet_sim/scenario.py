@@ -14,6 +14,7 @@ from typing import Any
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils import safeyaml
 
+from . import sources
 from .dists import SpecError, parse_duration, short_repr
 from .policies import resolve
 
@@ -113,27 +114,13 @@ def _kmsg(d: dict, key: str, path: str) -> list[str]:
     return v
 
 
-SOURCE_KINDS = ("paper", "site", "estimate", "base")
-
-
-def _source(v: Any, path: str) -> None:
-    """Where a value comes from: a citation (text), or a mapping whose ``kind`` is one of SOURCE_KINDS (``site``:
-    fitted to the site's own records by gpufleet-sim calibrate, with its evidence; ``base``: kept from the base
-    scenario)."""
-    if v is None or isinstance(v, str):
-        return
-    if not isinstance(v, dict) or v.get("kind") not in SOURCE_KINDS:
-        raise SpecError(f"{path}: expected a citation (text) or a mapping with kind: one of "
-                        f"{', '.join(SOURCE_KINDS)}, got {v!r}"[:300])
-
-
 def validate(raw: Any, source: str = "scenario") -> dict:
     """Validate a scenario mapping; return the normalised scenario. Raise SpecError naming the field."""
     if not isinstance(raw, dict):
         raise SpecError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
     top = {"name", "description", "horizon_days", "seeds", "price_per_gpu_hour", "spare_cost_per_gpu_hour", "cluster",
            "jobs", "faults", "false_positives", "lemons", "repair", "policies", "health_config", "repair_config",
-           "sweep", "estimates"}
+           "sweep", "estimates", "sources"}
     _unknown(raw, top, source)
     sc: dict = {"name": _get(raw, "name", source, str, "scenario"),
                 "description": _get(raw, "description", source, str, "")}
@@ -206,7 +193,8 @@ def validate(raw: Any, source: str = "scenario") -> dict:
                      "weibull_shape", "scope", "effect", "job_detect_min", "kmsg", "visible", "precursor",
                      "fixed_by", "lemon", "silent_detect_h", "slowdown", "episode_min", "outage_h", "note",
                      "source"}, fp)
-        _source(f.get("source"), f"{fp}.source")
+        if f.get("source") is not None:
+            sources.check_source(f["source"], f"{fp}.source")
         name = _get(f, "name", fp, str)
         if name in names:
             raise SpecError(f"{fp}.name: expected a unique fault name, {name!r} is used twice")
@@ -344,6 +332,9 @@ def validate(raw: Any, source: str = "scenario") -> dict:
         resolve(p, f"{source}.policies[{i}]")
     sc["sweep"] = _get(raw, "sweep", source, dict, {})
     sc["estimates"] = _estimates(raw, source)
+    sc["sources"] = sources.parse_section(raw.get("sources"), source)
+    # every input with where it comes from (an estimate, the sources: section, a fault's own, the default's)
+    sc["input_sources"] = sources.resolve(raw, sc["sources"], sc["estimates"])
     sc["raw"] = raw
     return sc
 
