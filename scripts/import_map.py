@@ -34,7 +34,7 @@ OUTSIDE = ("subprocess", "socket", "ssl", "http", "urllib.request", "fcntl", "se
            "shutil", "tempfile")
 #: what each unit is (docs/architecture.md, "One brain, three bodies")
 KINDS = {
-    "health/": "brain", "repair/": "brain", "slurmfacts.py": "leaf", "promtext.py": "leaf",
+    "health/": "brain", "repair/": "brain", "slurmfacts.py": "leaf", "promtext.py": "leaf", "spec.py": "leaf",
     "oidc/": "core", "startup/": "core",
     "slurm/": "adapter", "nvml.py": "adapter", "nvml_fake.py": "adapter", "kmsg.py": "adapter",
     "nodeinfo.py": "adapter", "slurmconf.py": "adapter", "statefile.py": "adapter",

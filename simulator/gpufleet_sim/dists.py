@@ -17,6 +17,8 @@ import math
 import random
 from typing import Any, Callable
 
+from ansible_collections.gpufleet.reliability.plugins.module_utils import spec
+
 Z90 = 1.2815515655446004  # standard normal 90th percentile
 
 Sampler = Callable[[random.Random], float]
@@ -27,11 +29,8 @@ class SpecError(ValueError):
 
 
 def short_repr(value: Any) -> str:
-    """repr() for an error message: at most 60 characters, and no repr() of a huge integer (Python refuses to
-    print more than 4300 digits)."""
-    if isinstance(value, int) and value.bit_length() > 200:
-        return f"an integer of {value.bit_length()} bits"
-    return repr(value)[:60]
+    """repr() for an error message: at most 60 characters, no repr() of a huge integer."""
+    return spec.short(value, 60)
 
 
 def _num(path: str, value: Any, *, positive: bool = False, allow_zero: bool = True) -> float:

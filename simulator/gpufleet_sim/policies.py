@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ansible_collections.gpufleet.reliability.plugins.module_utils import spec as checks
+
 from .dists import SpecError
 
 KNOBS = {
@@ -60,9 +62,7 @@ def resolve(spec: Any, path: str = "policy") -> dict:
     if not isinstance(spec, dict):
         raise SpecError(f"{path}: expected a policy name or a mapping, got {type(spec).__name__}")
     allowed = set(KNOBS) | {"name", "base", "label", "check_interval_min", "approval_delay_min", "auto_approve"}
-    extra = sorted(set(spec) - allowed)
-    if extra:
-        raise SpecError(f"{path}: unknown field(s) {extra}; expected some of {sorted(allowed)}")
+    checks.unknown_keys(spec, sorted(allowed), path, fail=checks.raising(SpecError))
     if "name" not in spec or not isinstance(spec["name"], str):
         raise SpecError(f"{path}.name: required field is missing (expected a string)")
     base = spec.get("base", "passive+auto-repair")

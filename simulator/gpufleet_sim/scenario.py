@@ -7,15 +7,14 @@ is a plain, fully defaulted dict plus parsed samplers, so the engine never re-ch
 from __future__ import annotations
 
 import copy
-import math
 import re
 from pathlib import Path
 from typing import Any
 
-from ansible_collections.gpufleet.reliability.plugins.module_utils import safeyaml
+from ansible_collections.gpufleet.reliability.plugins.module_utils import safeyaml, spec
 
 from . import sources
-from .dists import SpecError, parse_duration, short_repr
+from .dists import SpecError, parse_duration
 from .policies import resolve
 
 # the repair brain's vocabulary (plugins/module_utils/repair/model.py REPAIR_STEPS)
@@ -34,36 +33,27 @@ DEFAULT_ACTIONS = {
 }
 
 
+_FAIL = spec.raising(SpecError)
+#: how each kind of field is checked (plugins/module_utils/spec.py: the one validator of every config reader)
+_CHECK = {float: spec.number, int: spec.integer, bool: spec.boolean, list: spec.sequence,
+          str: lambda v, where, fail: spec.string(v, where, empty_ok=True, fail=fail),
+          dict: lambda v, where, fail: spec.mapping(v, where, none_ok=False, fail=fail)}
+
+
 def _get(d: dict, key: str, path: str, kind, default: Any = ..., check=None):
     if key not in d or d[key] is None:
         if default is ...:
             raise SpecError(f"{path}.{key}: required field is missing (expected {_kname(kind)})")
         return copy.deepcopy(default)
     v = d[key]
-    if kind is float:
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise SpecError(f"{path}.{key}: expected a number, got {v!r}")
-        if not (isinstance(v, int) and abs(v) < 1e300) and not (isinstance(v, float) and math.isfinite(v)):
-            raise SpecError(f"{path}.{key}: expected a finite number, got {short_repr(v)}")
-        v = float(v)
-    elif kind is int:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise SpecError(f"{path}.{key}: expected an integer, got {v!r}")
-    elif kind is bool:
-        if not isinstance(v, bool):
-            raise SpecError(f"{path}.{key}: expected true or false, got {v!r}")
-    elif kind is str:
-        if not isinstance(v, str):
-            raise SpecError(f"{path}.{key}: expected a string, got {v!r}")
-    elif kind is list:
-        if not isinstance(v, list):
-            raise SpecError(f"{path}.{key}: expected a list, got {type(v).__name__}")
-    elif kind is dict and not isinstance(v, dict):
-        raise SpecError(f"{path}.{key}: expected a mapping, got {type(v).__name__}")
+    where = f"{path}.{key}"
+    if kind in _CHECK:
+        checked = _CHECK[kind](v, where, fail=_FAIL)
+        v = checked if kind is float else v  # a number is a float from here on; a mapping stays the caller's
     if check is not None:
         msg = check(v)
         if msg:
-            raise SpecError(f"{path}.{key}: expected {msg}, got {v!r}")
+            raise SpecError(f"{where}: expected {msg}, got {v!r}")
     return v
 
 
@@ -94,9 +84,7 @@ def _one_of(options):
 
 
 def _unknown(d: dict, allowed: set, path: str) -> None:
-    extra = sorted(str(k) for k in set(d) - allowed)  # YAML keys may be booleans (on:) or numbers
-    if extra:
-        raise SpecError(f"{path}: unknown field(s) {extra}; expected some of {sorted(allowed)}")
+    spec.unknown_keys(d, sorted(allowed), path, fail=_FAIL)
 
 
 def _dur(d: dict, key: str, path: str, default: Any = ...):

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional
 
+from .. import spec
+
+_FAIL = spec.raising(ValueError)  # the health rules' callers catch ValueError
+
 CHECKS = ("probe", "gpu_count", "gpu_lost", "ecc", "retired_pages", "row_remap", "recovery_action", "temperature",
           "clocks", "power", "pcie_link", "pcie_replay", "nvlink", "persistence", "fabric", "driver", "xid", "sxid",
           "ib", "mounts", "disk", "memory")
@@ -53,27 +57,20 @@ _KEYS = ("expected_gpus", "thresholds", "skip_checks", "xid_overrides", "sxid_ov
 
 class Config:
     def __init__(self, raw: Optional[Mapping[str, Any]] = None):
-        raw = dict(raw or {})
-        unknown = sorted(k for k in raw if k not in _KEYS)
-        if unknown:
-            raise ValueError(f"config: unknown key(s) {', '.join(unknown)} (expected {', '.join(_KEYS)})")
+        raw = spec.mapping(raw, "config", _KEYS, fail=_FAIL)
         self.expected_gpus = _opt_int(raw.get("expected_gpus"), "expected_gpus", minimum=0)
-        th = raw.get("thresholds") or {}
-        if not isinstance(th, Mapping):
-            raise ValueError(f"thresholds: expected a mapping, got {type(th).__name__}")
+        th = spec.mapping(raw.get("thresholds") or {}, "thresholds", fail=_FAIL)
         self.t = dict(DEFAULT_THRESHOLDS)
         for k, v in th.items():
-            if k not in DEFAULT_THRESHOLDS:
-                raise ValueError(f"thresholds.{k}: unknown threshold (expected one of "
-                                 f"{', '.join(sorted(DEFAULT_THRESHOLDS))})")
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
+            if k not in DEFAULT_THRESHOLDS:  # named one by one: the list of thresholds is long
+                raise _FAIL(f"thresholds.{k}", f"unknown threshold (expected one of "
+                                               f"{', '.join(sorted(DEFAULT_THRESHOLDS))})")
+            if isinstance(v, str):  # a number written as text ("85") in a role variable
                 try:
                     v = float(v)
-                except (TypeError, ValueError):
-                    raise ValueError(f"thresholds.{k}: expected a number, got {v!r}")
-            if v < 0:
-                raise ValueError(f"thresholds.{k}: expected a number >= 0, got {v!r}")
-            self.t[k] = float(v)
+                except ValueError:
+                    pass
+            self.t[k] = spec.number(v, f"thresholds.{k}", minimum=0, fail=_FAIL)
         skip = raw.get("skip_checks") or []
         if isinstance(skip, str):
             skip = [s.strip() for s in skip.split(",") if s.strip()]
@@ -97,47 +94,35 @@ class Config:
         if bt is not None and (isinstance(bt, bool) or not isinstance(bt, (int, float))):
             raise ValueError(f"boot_time: expected epoch seconds (number), got {bt!r}")
         self.boot_time = bt
-        as_of = raw.get("events_as_of") or "now"
-        if as_of not in ("now", "latest"):
-            raise ValueError(f"events_as_of: expected 'now' or 'latest', got {as_of!r}")
-        self.events_as_of = as_of
+        self.events_as_of = spec.choice(raw.get("events_as_of") or "now", "events_as_of", ("now", "latest"),
+                                        fail=_FAIL)
         self.hostname = _opt_str(raw.get("hostname"), "hostname")
-        rp = raw.get("require_persistence", False)
-        if not isinstance(rp, bool):
-            raise ValueError(f"require_persistence: expected true or false, got {rp!r}")
-        self.require_persistence = rp
+        self.require_persistence = spec.boolean(raw.get("require_persistence", False), "require_persistence",
+                                                fail=_FAIL)
 
     def on(self, check: str) -> bool:
         return check not in self.skip
 
 
 def _opt_int(v: Any, field: str, minimum: Optional[int] = None) -> Optional[int]:
+    """An integer or nothing; a whole number written as a float or as text (a role variable) counts."""
     if v is None:
         return None
-    if isinstance(v, bool):
-        raise ValueError(f"{field}: expected an integer, got {v!r}")
-    try:
-        iv = int(v)
-    except (TypeError, ValueError):
-        raise ValueError(f"{field}: expected an integer, got {v!r}")
-    if isinstance(v, float) and v != iv:
-        raise ValueError(f"{field}: expected an integer, got {v!r}")
-    if minimum is not None and iv < minimum:
-        raise ValueError(f"{field}: expected an integer >= {minimum}, got {v!r}")
-    return iv
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    elif isinstance(v, str):
+        try:
+            v = int(v.strip())
+        except ValueError:
+            pass
+    return spec.integer(v, field, minimum, fail=_FAIL)
 
 
 def _opt_str(v: Any, field: str) -> Optional[str]:
     if v is None or v == "":
         return None
-    if not isinstance(v, str):
-        raise ValueError(f"{field}: expected a string, got {v!r}")
-    return v
+    return spec.string(v, field, empty_ok=True, fail=_FAIL)
 
 
 def _mapping(v: Any, field: str) -> Dict[Any, Any]:
-    if v is None:
-        return {}
-    if not isinstance(v, Mapping):
-        raise ValueError(f"{field}: expected a mapping, got {type(v).__name__}")
-    return dict(v)
+    return spec.mapping(v, field, fail=_FAIL)

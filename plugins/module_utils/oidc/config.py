@@ -12,6 +12,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from .. import spec
 from ..safeyaml import MAX_FLOW_DEPTH, flow_depth
 from .errors import ConfigError
 from .transport import is_plain_ascii, is_secure_url
@@ -171,32 +172,19 @@ _UNSHOWN = SECRET_KEYS + ("proxy",)
 
 
 def _str(key: str, v: Any, allow_empty: bool = False) -> str:
-    if not isinstance(v, str) or (not allow_empty and not v.strip()):
-        shown = "(value not shown)" if key in _UNSHOWN else repr(v)
-        raise ConfigError(key, f"expected a non-empty string, got {type(v).__name__} {shown}"[:200])
-    return v
+    return spec.string(v, key, empty_ok=allow_empty, shown=key not in _UNSHOWN, fail=ConfigError)
 
 
 def _str_list(key: str, v: Any, allow_empty: bool = True, scalar_ok: bool = False) -> List[str]:
-    if scalar_ok and isinstance(v, str):
-        v = [v]
-    if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
-        raise ConfigError(key, f"expected a list of non-empty strings, got {v!r}"[:200])
-    if not allow_empty and not v:
-        raise ConfigError(key, "expected at least one entry")
-    return list(v)
+    return spec.string_list(v, key, empty_ok=allow_empty, scalar_ok=scalar_ok, fail=ConfigError)
 
 
 def _int(key: str, v: Any, minimum: int = 0) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ConfigError(key, f"expected an integer >= {minimum}, got {v!r}")
-    return v
+    return spec.integer(v, key, minimum, fail=ConfigError)
 
 
 def _bool(key: str, v: Any) -> bool:
-    if not isinstance(v, bool):
-        raise ConfigError(key, f"expected true or false, got {v!r}")
-    return v
+    return spec.boolean(v, key, fail=ConfigError)
 
 
 def _url(key: str, v: Any) -> str:

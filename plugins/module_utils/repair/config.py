@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
+from .. import spec
 from ..slurmfacts import NO_EVICT_MARK, REASON_PREFIX
 from .model import FAILURE_CLASSES, JOB_ACTIONS, MODES, REPAIR_STEPS, SIGNAL_TO, RepairError
 
@@ -40,6 +41,8 @@ DEFAULT_STEP_TIMEOUT = {"reset_gpu": 600.0, "reboot": 1800.0, "reimage": 7200.0,
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$")
 _UNITS = {None: 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+#: spec's checks raise RepairError, as every caller of the repair configuration expects
+_FAIL = spec.raising(RepairError)
 
 
 def parse_duration(value: Any, where: str) -> float:
@@ -73,9 +76,7 @@ def parse_fraction(value: Any, where: str) -> float:
 
 
 def parse_int(value: Any, where: str, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise RepairError(f"{where}: expected an integer >= {minimum}, got {value!r}")
-    return value
+    return spec.integer(value, where, minimum, fail=_FAIL)
 
 
 @dataclass(frozen=True)
@@ -109,18 +110,7 @@ class Limit:
 
 
 def _mapping(value: Any, where: str, allowed: Iterable[str]) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise RepairError(f"{where}: expected a mapping, got {type(value).__name__}")
-    unknown = [k for k in value if k not in allowed]
-    if unknown:
-        raise RepairError(
-            "{}: unknown key(s) {}; expected some of {}".format(
-                where, ", ".join(sorted(map(str, unknown))), ", ".join(allowed)
-            )
-        )
-    return value
+    return spec.mapping(value, where, allowed, fail=_FAIL)
 
 
 _TOP = (
@@ -286,9 +276,7 @@ class RepairConfig:
 
 
 def _job_action(value: Any, where: str) -> str:
-    if value not in JOB_ACTIONS:
-        raise RepairError("{}: expected one of {}, got {!r}".format(where, ", ".join(JOB_ACTIONS), value))
-    return str(value)
+    return str(spec.choice(value, where, JOB_ACTIONS, fail=_FAIL))
 
 
 def _jobs(value: Any) -> Dict[str, Any]:
@@ -309,10 +297,7 @@ def _jobs(value: Any) -> Dict[str, Any]:
                 ", ".join(JOB_SIGNALS), sig))
         kw["job_signal"] = name
     if "signal_to" in j:
-        if j["signal_to"] not in SIGNAL_TO:
-            raise RepairError("jobs.signal_to: expected one of {}, got {!r}".format(
-                ", ".join(SIGNAL_TO), j["signal_to"]))
-        kw["job_signal_to"] = j["signal_to"]
+        kw["job_signal_to"] = spec.choice(j["signal_to"], "jobs.signal_to", SIGNAL_TO, fail=_FAIL)
     if "grace" in j:
         kw["job_grace_s"] = parse_duration(j["grace"], "jobs.grace")
     if "max_evictions" in j:
@@ -336,8 +321,7 @@ def _action_list(value: Any, where: str, allowed: Iterable[str]) -> Tuple[str, .
     if not isinstance(value, (list, tuple)):
         raise RepairError("{}: expected a list of actions from {}, got {!r}".format(where, ", ".join(allowed), value))
     for i, a in enumerate(value):
-        if a not in allowed:
-            raise RepairError("{}[{}]: expected one of {}, got {!r}".format(where, i, ", ".join(allowed), a))
+        spec.choice(a, f"{where}[{i}]", allowed, fail=_FAIL)
     return tuple(value)
 
 
@@ -346,9 +330,7 @@ _UNSET = object()  # a parser's answer for "leave the default" (blast_radius.max
 
 
 def _bool(value: Any, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise RepairError(f"{where}: expected true or false, got {value!r}")
-    return value
+    return spec.boolean(value, where, fail=_FAIL)
 
 
 def _int1(value: Any, where: str) -> int:
@@ -360,11 +342,7 @@ def _int1_or_default(value: Any, where: str) -> Any:
 
 
 def _choice(*options: str) -> Callable[[Any, str], str]:
-    def parse(value: Any, where: str) -> str:
-        if value not in options:
-            raise RepairError(f"{where}: expected one of {', '.join(options)}, got {value!r}")
-        return str(value)
-    return parse
+    return lambda value, where: str(spec.choice(value, where, options, fail=_FAIL))
 
 
 def _actions(*allowed: str) -> Callable[[Any, str], Tuple[str, ...]]:
@@ -372,9 +350,7 @@ def _actions(*allowed: str) -> Callable[[Any, str], Tuple[str, ...]]:
 
 
 def _nonempty(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise RepairError(f"{where}: expected a non-empty string, got {value!r}")
-    return value
+    return spec.string(value, where, fail=_FAIL)
 
 
 def _domains(value: Any, where: str) -> Dict[str, Limit]:
@@ -387,8 +363,7 @@ def _class_map(value: Any, where: str) -> Dict[str, str]:
     if not isinstance(value, Mapping):
         raise RepairError(f"{where}: expected a mapping of finding code (or code prefix) to a failure class")
     for k, v in value.items():
-        if v not in FAILURE_CLASSES:
-            raise RepairError(f"{where}.{k}: expected one of {', '.join(FAILURE_CLASSES)}, got {v!r}")
+        spec.choice(v, f"{where}.{k}", FAILURE_CLASSES, fail=_FAIL)
     return {str(k).lower(): v for k, v in value.items()}
 
 
@@ -402,8 +377,7 @@ def _ladders(value: Any) -> Dict[str, Tuple[str, ...]]:
                               f"got {steps!r}")
         seen: List[str] = []
         for i, s in enumerate(steps):
-            if s not in REPAIR_STEPS:
-                raise RepairError(f"{where}[{i}]: expected one of {', '.join(REPAIR_STEPS)}, got {s!r}")
+            spec.choice(s, f"{where}[{i}]", REPAIR_STEPS, fail=_FAIL)
             if s in seen:
                 raise RepairError(f"{where}[{i}]: {s!r} appears twice (one step of each kind per incident)")
             seen.append(s)
@@ -416,8 +390,7 @@ def _modes(value: Any) -> Dict[str, Any]:
     kw: Dict[str, Any] = {}
     modes = {}
     for k, v in md.items():
-        if v not in MODES:
-            raise RepairError(f"modes.{k}: expected automatic or approval, got {v!r}")
+        spec.choice(v, f"modes.{k}", MODES, fail=_FAIL)
         if k == "default":
             kw["default_mode"] = v
         else:

@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from .. import spec
+
 PHASES = ("boot", "every_boot", "once")
 NODE_ROLES = ("worker", "login", "controller")
 META_SUFFIX = ".json"
@@ -85,11 +87,11 @@ def validate_name(name: Any) -> str:
     return name
 
 
+_FAIL = spec.raising(MetaError)
+
+
 def _int(data: Dict[str, Any], key: str, minimum: int, maximum: int) -> int:
-    value = data.get(key, DEFAULTS[key])
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-        raise MetaError(f"{key}: expected an integer from {minimum} to {maximum}, got {value!r}")
-    return value
+    return spec.integer(data.get(key, DEFAULTS[key]), key, minimum, maximum, fail=_FAIL)
 
 
 def meta_from_dict(data: Any, source: str = "metadata") -> ScriptMeta:
@@ -97,16 +99,10 @@ def meta_from_dict(data: Any, source: str = "metadata") -> ScriptMeta:
     try:
         if not isinstance(data, dict):
             raise MetaError(f"expected a JSON object, got {type(data).__name__}")
-        unknown = sorted(set(data) - set(DEFAULTS) - {"name", "version"})
-        if unknown:
-            raise MetaError("unknown field(s) {}; known: {}".format(", ".join(unknown), ", ".join(sorted(DEFAULTS))))
+        spec.unknown_keys(data, ["name", "version", *sorted(DEFAULTS)], "", fail=_FAIL)
         name = validate_name(data.get("name"))
-        phase = data.get("phase", DEFAULTS["phase"])
-        if phase not in PHASES:
-            raise MetaError("phase: expected one of {}, got {!r}".format(", ".join(PHASES), phase))
-        optional = data.get("optional", DEFAULTS["optional"])
-        if not isinstance(optional, bool):
-            raise MetaError(f"optional: expected true or false, got {optional!r}")
+        phase = spec.choice(data.get("phase", DEFAULTS["phase"]), "phase", PHASES, fail=_FAIL)
+        optional = spec.boolean(data.get("optional", DEFAULTS["optional"]), "optional", fail=_FAIL)
         env = data.get("environment", DEFAULTS["environment"])
         if env is None:
             env = {}

@@ -23,7 +23,7 @@ MODULE_UTILS = REPO / "plugins" / "module_utils"
 BRAIN = ("health/", "repair/")
 LEAF = "slurmfacts.py"
 #: the leaves: standard library only, nothing of the collection, no I/O
-LEAVES = (LEAF, "promtext.py")
+LEAVES = (LEAF, "promtext.py", "spec.py")
 #: what the brain may import: itself and the leaves
 BRAIN_MAY_IMPORT = set(BRAIN) | set(LEAVES)
 #: (unit, what it imports) the design does not want yet (docs/architecture.md, "The import map"); none left

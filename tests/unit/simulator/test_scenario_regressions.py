@@ -61,7 +61,7 @@ def test_duration_dist_not_a_name_names_the_field(tmp_path):
 
 
 @pytest.mark.parametrize("edit, field", [
-    (lambda raw: raw.update({True: 1, "x": 2}), "unknown field"),  # was TypeError in sorted()
+    (lambda raw: raw.update({True: 1, "x": 2}), "unknown key"),  # was TypeError in sorted()
     (lambda raw: raw["jobs"][0].__setitem__("checkpoint_cost_min", 10 ** 400), "checkpoint_cost_min"),  # OverflowError
     (lambda raw: raw["repair"].__setitem__("hot_swap_min", {"dist": "lognormal", "median": 1e-300, "p90": 1e300}),
      "hot_swap_min"),                                                                   # math range error

@@ -61,7 +61,8 @@ def test_the_two_inputs_that_move_the_lead_most_are_varied_together_and_a_holdin
 @pytest.mark.parametrize("estimates, match", [
     ([{"path": FP, "low": 0, "high": 1}], r"estimates\[0\]\.source: required field is missing"),
     ([{"path": FP, "low": 0, "source": "x"}], r"estimates\[0\]\.high: required field is missing"),
-    ([{"path": FP, "low": 0, "high": 1, "source": "x", "guess": 2}], r"estimates\[0\]: unknown field\(s\) \['guess'\]"),
+    ([{"path": FP, "low": 0, "high": 1, "source": "x", "guess": 2}],
+     r"estimates\[0\]: unknown key\(s\) guess; expected some of high, low, path, source"),
     ("all of them", r"estimates: expected a list"),
 ])
 def test_bad_estimates_name_the_field(estimates, match):

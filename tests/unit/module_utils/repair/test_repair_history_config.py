@@ -170,7 +170,7 @@ BAD_CONFIG = [
     ({"ladders": {"gpu_lost": ["reboot", "reboot"]}}, r"appears twice"),
     ({"ladders": {"gpu_lost": []}}, r"^ladders\.gpu_lost: expected a non-empty list"),
     ({"ladders": {"disk": ["reboot"]}}, r"^ladders: unknown key\(s\) disk"),
-    ({"modes": {"gpu_lost": "yolo"}}, r"^modes\.gpu_lost: expected automatic or approval"),
+    ({"modes": {"gpu_lost": "yolo"}}, r"^modes\.gpu_lost: expected one of automatic, approval, got 'yolo'"),
     ({"blast_radius": {"max_unavailable": 1.5}}, r"^blast_radius\.max_unavailable: expected a node count"),
     ({"blast_radius": {"max_unavailable": "150%"}}, r"^blast_radius\.max_unavailable: expected a fraction"),
     ({"blast_radius": {"min_healthy": 2}}, r"^blast_radius\.min_healthy: expected a fraction"),

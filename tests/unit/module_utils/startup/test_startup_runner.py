@@ -181,7 +181,7 @@ def test_metadata_validation_messages():
         meta_from_dict({"name": "x", "timeout": 0})
     with pytest.raises(MetaError, match="roles: expected a non-empty list"):
         meta_from_dict({"name": "x", "roles": ["gpu"]})
-    with pytest.raises(MetaError, match="unknown field"):
+    with pytest.raises(MetaError, match=r"unknown key\(s\) colour; expected some of name, version"):
         meta_from_dict({"name": "x", "colour": "red"})
     with pytest.raises(MetaError, match="name: expected"):
         meta_from_dict({"name": "../evil"})
