@@ -27,10 +27,11 @@ import copy
 import io
 import json
 import math
+import os
 import time
 from array import array
 from dataclasses import dataclass
-from typing import IO, Any, Dict, Iterable, List, Optional, Tuple
+from typing import IO, Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurmfacts import reason_code
 
@@ -515,15 +516,64 @@ def poisson_ci_quantile(mu: float, q: float) -> int:
         p *= mu / k
 
 
-def load_records(events_path: Optional[str], sacct_path: Optional[str]) -> Tuple[List[Event], Runs]:
+class _Ticking:
+    """A text file that reports how far it has been read (its bytes, from the OS's file position) every so often:
+    the progress of a long read, at the cost of one tell() per 16,384 lines or per chunk."""
+
+    def __init__(self, fh: IO[str], tick: Callable[[int], None]) -> None:
+        self._fh, self._tick = fh, tick
+
+    def _where(self) -> None:
+        try:
+            self._tick(self._fh.buffer.raw.tell())  # type: ignore[attr-defined]
+        except (AttributeError, OSError, ValueError):
+            pass
+
+    def read(self, n: int = -1) -> str:
+        data = self._fh.read(n)
+        self._where()
+        return data
+
+    def readline(self) -> str:
+        return self._fh.readline()
+
+    def __iter__(self):
+        for i, line in enumerate(self._fh):
+            if not i & 0x3FFF:
+                self._where()
+            yield line
+
+
+def load_records(events_path: Optional[str], sacct_path: Optional[str],
+                 progress: Optional[Callable[[int, int], None]] = None) -> Tuple[List[Event], Runs]:
+    """The records from their files; ``progress(bytes read, bytes in all)`` is called as they are read."""
     events: List[Event] = []
     runs = Runs()
+    paths = [p for p in (events_path, sacct_path) if p]
+    total = 0
+    for p in paths:
+        try:
+            total += os.path.getsize(p)
+        except OSError:
+            pass  # open() below names the file
+    done = 0
+
+    def source(fh: IO[str]) -> Any:
+        if progress is None:
+            return fh
+        base = done
+        return _Ticking(fh, lambda pos: progress(base + pos, total))
+
     if events_path:
         with open(events_path, encoding="utf-8", errors="replace") as fh:
-            events = read_events(fh, events_path)
+            events = read_events(source(fh), events_path)
+        done += os.path.getsize(events_path)
     if sacct_path:
         with open(sacct_path, encoding="utf-8", errors="replace") as fh:
-            runs = read_sacct_file(fh, sacct_path)
+            runs = read_sacct_file(source(fh), sacct_path)
+        done += os.path.getsize(sacct_path)
+    if progress is not None:
+        progress(total, total)
     return events, runs
 
 

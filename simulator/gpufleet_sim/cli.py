@@ -32,6 +32,22 @@ def _progress_factory(total_hint: int):
     return cb, progress_bar
 
 
+def _byte_progress():
+    """A progress bar over bytes read (on a terminal; nothing otherwise): (callback, bar)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover
+        return None, None
+    bar = tqdm(total=0, unit="B", unit_scale=True, file=sys.stderr, disable=None, leave=False, desc="reading")
+
+    def cb(done, total):
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    return cb, bar
+
+
 def _emit_json(target, data) -> None:
     """--json: the result as JSON on stdout (``-``) or written atomically to a path; nothing when not asked."""
     if not target:
@@ -155,7 +171,12 @@ def cmd_calibrate(args) -> int:
         return 2
     brain = default_brain(sc)
     try:
-        events, runs = load_records(args.events, args.sacct)
+        bar = _byte_progress()
+        try:
+            events, runs = load_records(args.events, args.sacct, progress=bar[0])
+        finally:
+            if bar[1] is not None:
+                bar[1].close()
         t0, t1 = window_of(events, runs)
         if args.holdout:
             if not 0 < args.holdout < 1:

@@ -188,3 +188,23 @@ def test_poisson_interval_matches_known_values():
     assert cal.poisson_ci(10) == pytest.approx((4.7954, 18.3904), abs=1e-3)
     lo, hi = cal.poisson_ci(10000)
     assert lo == pytest.approx(9804.7, abs=1.0) and hi == pytest.approx(10198.1, abs=1.0)
+
+
+def test_reading_reports_its_progress_in_bytes(tmp_path, monkeypatch, truth):
+    """`calibrate` shows a progress bar while it reads (a year of a large cluster takes seconds): the callback gets
+    the bytes read so far, never going back, ending at the files' total; the records are the same without it."""
+    sc, _brain, _rates = truth
+    pol = resolve("passive+auto-repair+hot-spares")
+    sim = Sim(sc, pol, 1, default_brain(sc))
+    sim.run()
+    (tmp_path / "events.txt").write_text(events_text(sim.vslurm.events))
+    (tmp_path / "sacct.json").write_text(json.dumps(sacct_json(sim), indent=1))
+    monkeypatch.setattr(cal, "CHUNK", 4096)  # many chunks, so many reports
+    seen = []
+    events, runs = cal.load_records(str(tmp_path / "events.txt"), str(tmp_path / "sacct.json"),
+                                    progress=lambda done, total: seen.append((done, total)))
+    total = (tmp_path / "events.txt").stat().st_size + (tmp_path / "sacct.json").stat().st_size
+    assert len(seen) > 3 and seen[-1] == (total, total)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen) and {t for _, t in seen} == {total}
+    plain = cal.load_records(str(tmp_path / "events.txt"), str(tmp_path / "sacct.json"))
+    assert events == plain[0] and list(runs) == list(plain[1]) and len(runs) > 0
