@@ -20,7 +20,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ansible_collections.gpufleet.reliability.plugins.module_utils import spec as checks
+
 from .dists import SpecError
+
+_FAIL = checks.raising(SpecError)
 
 KINDS = ("paper", "site", "estimate", "base")
 
@@ -108,7 +112,8 @@ def parse_section(raw: Any, source: str) -> list:
     out = []
     for i, e in enumerate(raw):
         where = f"{source}.sources[{i}]"
-        if not isinstance(e, dict) or set(e) - {"paths", "source"} or "paths" not in e or "source" not in e:
+        checks.mapping(e, where, ("paths", "source"), fail=_FAIL, none_ok=False)
+        if "paths" not in e or "source" not in e:
             raise SpecError(f"{where}: expected a mapping with paths (a list of input paths) and source")
         paths = e["paths"]
         if isinstance(paths, str):
