@@ -38,14 +38,15 @@ def _byte_progress():
         from tqdm import tqdm
     except ImportError:  # pragma: no cover
         return None, None
-    bar = tqdm(total=0, unit="B", unit_scale=True, file=sys.stderr, disable=None, leave=False, desc="reading")
+    progress_bar = tqdm(total=0, unit="B", unit_scale=True, file=sys.stderr, disable=None, leave=False,
+                        desc="reading")
 
     def cb(done, total):
-        bar.total = total
-        bar.n = done
-        bar.refresh()
+        progress_bar.total = total
+        progress_bar.n = done
+        progress_bar.refresh()
 
-    return cb, bar
+    return cb, progress_bar
 
 
 def _emit_json(target, data) -> None:
@@ -171,12 +172,12 @@ def cmd_calibrate(args) -> int:
         return 2
     brain = default_brain(sc)
     try:
-        bar = _byte_progress()
+        reading = _byte_progress()
         try:
-            events, runs = load_records(args.events, args.sacct, progress=bar[0])
+            events, runs = load_records(args.events, args.sacct, progress=reading[0])
         finally:
-            if bar[1] is not None:
-                bar[1].close()
+            if reading[1] is not None:
+                reading[1].close()
         t0, t1 = window_of(events, runs)
         if args.holdout:
             if not 0 < args.holdout < 1:

@@ -172,8 +172,8 @@ def _named(parts: tuple, raw: dict) -> list:
     """The path's names for matching: entries of faults/jobs by name and by index."""
     out = [parts]
     if len(parts) >= 2 and parts[0] in ("faults", "jobs"):
-        names = [str(x.get("name", f"job{i}" if parts[0] == "jobs" else "")) for i, x in enumerate(raw.get(parts[0])
-                                                                                            or [])]
+        entries = raw.get(parts[0]) or []
+        names = [str(x.get("name", f"job{i}" if parts[0] == "jobs" else "")) for i, x in enumerate(entries)]
         if parts[1] in names:
             out.append((parts[0], str(names.index(parts[1])), *parts[2:]))
     return out
