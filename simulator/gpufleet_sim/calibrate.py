@@ -33,7 +33,7 @@ from array import array
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-from ansible_collections.gpufleet.reliability.plugins.module_utils.slurmfacts import reason_code
+from ansible_collections.gpufleet.reliability.plugins.module_utils.slurmfacts import out_of_service, reason_code
 
 from .vslurm import NOT_RESPONDING
 
@@ -410,7 +410,8 @@ def fit(sc: dict, brain, events: List[Event], runs: Runs, t0: float, t1: float) 
     counts: Dict[str, int] = {}
     out_days: Dict[str, float] = {}
     for e in events:
-        if not t0 <= e.start < t1 or e.state.split("+")[0] not in ("DRAIN", "DOWN", "FAIL", "DRAINED", "DRAINING"):
+        # the leaf's rule for "out of service" (sacctmgr writes DOWN* for a node not responding, IDLE+DRAIN, ...)
+        if not t0 <= e.start < t1 or not out_of_service(e.state):
             continue
         k = event_key(e.reason)
         counts[k] = counts.get(k, 0) + 1
@@ -585,4 +586,6 @@ def window_of(events: List[Event], runs: Runs) -> Tuple[float, float]:
         highs.append(max(e.start for e in events))
     if not lows:
         raise CalibrationError("the records are empty: no job run and no node event")
-    return min(lows), max(highs)
+    # one second past the last record (Slurm's records have one-second times): the window is [t0, t1), and the
+    # last event - often the one that ended the last job, at the same second - belongs in it
+    return min(lows), max(highs) + 1.0

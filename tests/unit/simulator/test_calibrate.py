@@ -4,6 +4,7 @@ The simulator's own runs are the ground truth: ``run --export-history`` writes w
 sacct JSON, and calibrating those recovers the scenario's rates inside their 95 % intervals in most seeds (a
 coverage test over fixed seeds, not one lucky seed). Hostile records are refused naming the file, line and field.
 """
+import calendar
 import json
 import subprocess
 import sys
@@ -205,6 +206,38 @@ def test_reading_reports_its_progress_in_bytes(tmp_path, monkeypatch, truth):
                                     progress=lambda done, total: seen.append((done, total)))
     total = (tmp_path / "events.txt").stat().st_size + (tmp_path / "sacct.json").stat().st_size
     assert len(seen) > 3 and seen[-1] == (total, total)
-    assert [d for d, _ in seen] == sorted(d for d, _ in seen) and {t for _, t in seen} == {total}
+    read = [done for done, _total in seen]
+    assert read == sorted(read) and {total_seen for _done, total_seen in seen} == {total}
     plain = cal.load_records(str(tmp_path / "events.txt"), str(tmp_path / "sacct.json"))
     assert events == plain[0] and list(runs) == list(plain[1]) and len(runs) > 0
+
+
+def test_states_as_real_slurm_writes_them_count(truth):
+    """The lab round trip found it: sacctmgr writes a node that stopped responding as ``DOWN*`` and a drained idle
+    node as ``IDLE+DRAIN``; both are out of service by the leaf's rule and count (a cold start does not)."""
+    sc, brain, _rates = truth
+    events = cal.read_events([HEADER,
+                              "lab|node1|2026-01-01T00:00:00|2026-01-01T00:00:02|UNK|cold-start|root(0)",
+                              "lab|node1|2026-01-01T02:00:00|Unknown|DOWN*|Not responding|root(0)",
+                              "lab|node2|2026-01-01T03:00:00|Unknown|IDLE+DRAIN|gpufleet: xid79 gpu3|root(0)"], "e")
+    job = {"job_id": 1, "state": {"current": ["NODE_FAIL"]}, "allocation_nodes": 2,
+           "time": {"start": calendar.timegm((2026, 1, 1, 0, 0, 0)), "end": calendar.timegm((2026, 1, 2, 0, 0, 0))}}
+    runs = cal.read_sacct(json.dumps({"jobs": [job]}), "s")
+    t0, t1 = cal.window_of(events, runs)
+    res = cal.fit(sc, brain, events, runs, t0, t1)
+    counts = {k: g["count"] for k, g in res["groups"].items()}
+    assert counts["Not responding"] == 1 and counts["xid79"] == 1, counts
+    assert not res["unmatched"], res["unmatched"]
+
+
+def test_the_last_record_is_inside_the_window(truth):
+    """The node that died last ends the last job at the same second: its DOWN event is the window's last record and
+    counts (the lab round trip found it left out)."""
+    sc, brain, _rates = truth
+    events = cal.read_events([HEADER, "lab|node1|2026-01-01T02:00:00|Unknown|DOWN*|Not responding|root(0)"], "e")
+    job = {"job_id": 1, "state": {"current": ["NODE_FAIL"]}, "allocation_nodes": 1,
+           "time": {"start": calendar.timegm((2026, 1, 1, 0, 0, 0)), "end": calendar.timegm((2026, 1, 1, 2, 0, 0))}}
+    runs = cal.read_sacct(json.dumps({"jobs": [job]}), "s")
+    t0, t1 = cal.window_of(events, runs)
+    res = cal.fit(sc, brain, events, runs, t0, t1)
+    assert res["groups"]["Not responding"]["count"] == 1 and res["interruptions"] == 1
