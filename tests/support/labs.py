@@ -82,8 +82,7 @@ def port_busy(port: int) -> bool:
 
 
 def block_ports(base: int, nodes: int) -> list[int]:
-    """slurmctld, slurmdbd, slurmrestd, MariaDB (a lab with accounting), then each slurmd."""
-    return [base + 17, base + 19, base + 20, base + 30] + [base + 100 + i for i in range(1, nodes + 1)]
+    return [base + 17, base + 20] + [base + 100 + i for i in range(1, nodes + 1)]
 
 
 def read_owner(lab_dir: Path) -> tuple[str, str]:
