@@ -41,7 +41,6 @@ REPAIR = ("human_response_min", "business_hours", "approval_delay_min", "hot_swa
           "verify_min", "rma_lead_days", "check_interval_min", "check_detect_min", "run_interval_min", "technicians")
 ACTION = ("duration_min", "success")
 
-_RESEARCH = "estimate; the simulator's default"
 #: The sources of the simulator's defaults (an input a scenario does not write).
 DEFAULTS: dict[str, Any] = {
     "spare_cost_per_gpu_hour": {"kind": "estimate", "low": "0", "high": "price_per_gpu_hour",
