@@ -167,14 +167,41 @@ def _matches(pattern: tuple, parts: tuple) -> bool:
     return all(p == "*" or p == q for p, q in zip(pattern, parts))
 
 
-def _named(parts: tuple, raw: dict) -> list:
+def _by_head(pairs: list) -> dict:
+    """(pattern, source) pairs in order, grouped by the input section they can match (a pattern starting with
+    ``*`` goes in every group and under ``*``): a path is compared with its own section's patterns only."""
+    heads = {pat[0] for pat, _src in pairs}
+    groups = {h: [ps for ps in pairs if ps[0][0] in (h, "*")] for h in heads if h != "*"}
+    groups["*"] = [ps for ps in pairs if ps[0][0] == "*"]
+    return groups
+
+
+def _first(groups: dict, names: list) -> Any:
+    """The source of the first pattern (in its group's order) that covers one of the path's names, or None."""
+    for pat, src in groups.get(names[0][0], groups["*"]):
+        if any(_matches(pat, n) for n in names):
+            return src
+    return None
+
+
+#: DEFAULTS' paths, parsed once
+_DEFAULT_PATTERNS = _by_head([(_pattern(key, "DEFAULTS"), src) for key, src in DEFAULTS.items()])
+
+
+def _indexes(raw: dict) -> dict:
+    """{"faults": {name: "index"}, "jobs": {...}}: a list entry named by its name or by its index."""
+    out = {}
+    for kind in ("faults", "jobs"):
+        entries = raw.get(kind) or []
+        out[kind] = {str(x.get("name", f"job{i}" if kind == "jobs" else "")): str(i) for i, x in enumerate(entries)}
+    return out
+
+
+def _named(parts: tuple, indexes: dict) -> list:
     """The path's names for matching: entries of faults/jobs by name and by index."""
     out = [parts]
-    if len(parts) >= 2 and parts[0] in ("faults", "jobs"):
-        entries = raw.get(parts[0]) or []
-        names = [str(x.get("name", f"job{i}" if parts[0] == "jobs" else "")) for i, x in enumerate(entries)]
-        if parts[1] in names:
-            out.append((parts[0], str(names.index(parts[1])), *parts[2:]))
+    if len(parts) >= 2 and parts[0] in indexes and parts[1] in indexes[parts[0]]:
+        out.append((parts[0], indexes[parts[0]][parts[1]], *parts[2:]))
     return out
 
 
@@ -193,8 +220,12 @@ def resolve(raw: dict, section: list, estimates: list) -> list:
         est[_pattern(e["name"], e["where"])] = e
     rows = []
     faults = {str(f.get("name")): f for f in raw.get("faults") or []}
+    indexes = _indexes(raw)
+    # the section's paths, most specific first (longer, then named over [*]; ties keep the scenario's order)
+    ranked = _by_head(sorted(((pat, entry["source"]) for entry in section for pat in entry["paths"]),
+                             key=lambda ps: (-len(ps[0]), ps[0].count("*"))))
     for parts, written in inputs(raw):
-        names = _named(parts, raw)
+        names = _named(parts, indexes)
         row = None
         for n in names:
             if n in est:
@@ -208,20 +239,13 @@ def resolve(raw: dict, section: list, estimates: list) -> list:
                 src = check_source(own, f"faults[{parts[1]}].source")
                 row = {"kind": src["kind"], "source": src, "how": "fault"}
         if row is None:
-            best = None
-            for entry in section:
-                for pat in entry["paths"]:
-                    rank = (len(pat), -pat.count("*"))  # longer first, then named over [*]
-                    if any(_matches(pat, n) for n in names) and (best is None or rank > best[0]):
-                        best = (rank, entry["source"])
-            if best is not None:
-                row = {"kind": best[1]["kind"], "source": best[1], "how": "sources"}
+            src = _first(ranked, names)
+            if src is not None:
+                row = {"kind": src["kind"], "source": src, "how": "sources"}
         if row is None and not written:
-            for key, src in DEFAULTS.items():
-                pat = _pattern(key, "DEFAULTS")
-                if any(_matches(pat, n) for n in names):
-                    row = {"kind": src["kind"], "source": src, "how": "default"}
-                    break
+            src = _first(_DEFAULT_PATTERNS, names)
+            if src is not None:
+                row = {"kind": src["kind"], "source": src, "how": "default"}
         rows.append({"path": show(parts), **(row or {"kind": None, "source": None, "how": "unsourced"})})
     return rows
 
