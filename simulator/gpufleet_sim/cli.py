@@ -17,29 +17,14 @@ from .dists import SpecError, mean_ci
 from .policies import load_file, resolve
 
 
-def _progress_factory(total_hint: int):
+def _progress_factory(total_hint: int, unit: str = "run", **bar):
+    """A progress bar on a terminal (nothing otherwise): (callback(done, total), bar). ``unit="B"`` with
+    ``unit_scale=True`` counts bytes."""
     try:
         from tqdm import tqdm
     except ImportError:  # pragma: no cover
         return None, None
-    progress_bar = tqdm(total=total_hint, unit="run", file=sys.stderr, disable=None, leave=False)
-
-    def cb(done, total):
-        progress_bar.total = total
-        progress_bar.n = done
-        progress_bar.refresh()
-
-    return cb, progress_bar
-
-
-def _byte_progress():
-    """A progress bar over bytes read (on a terminal; nothing otherwise): (callback, bar)."""
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover
-        return None, None
-    progress_bar = tqdm(total=0, unit="B", unit_scale=True, file=sys.stderr, disable=None, leave=False,
-                        desc="reading")
+    progress_bar = tqdm(total=total_hint, unit=unit, file=sys.stderr, disable=None, leave=False, **bar)
 
     def cb(done, total):
         progress_bar.total = total
@@ -172,7 +157,7 @@ def cmd_calibrate(args) -> int:
         return 2
     brain = default_brain(sc)
     try:
-        reading = _byte_progress()
+        reading = _progress_factory(0, unit="B", unit_scale=True, desc="reading")
         try:
             events, runs = load_records(args.events, args.sacct, progress=reading[0])
         finally:
