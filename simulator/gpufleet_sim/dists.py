@@ -17,7 +17,7 @@ import math
 import random
 from typing import Any, Callable
 
-from ansible_collections.gpufleet.reliability.plugins.module_utils import spec
+from ansible_collections.gpufleet.reliability.plugins.module_utils import spec as checks
 
 Z90 = 1.2815515655446004  # standard normal 90th percentile
 
@@ -30,18 +30,11 @@ class SpecError(ValueError):
 
 def short_repr(value: Any) -> str:
     """repr() for an error message: at most 60 characters, no repr() of a huge integer."""
-    return spec.short(value, 60)
+    return checks.short(value, 60)
 
 
 def _num(path: str, value: Any, *, positive: bool = False, allow_zero: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SpecError(f"{path}: expected a number, got {value!r}")
-    try:
-        v = float(value)
-    except OverflowError:  # an integer beyond float range
-        v = math.inf
-    if math.isnan(v) or math.isinf(v):
-        raise SpecError(f"{path}: expected a finite number, got {short_repr(value)}")
+    v = checks.number(value, path, fail=checks.raising(SpecError))  # a finite number (the one validator's check)
     if positive and (v < 0 or (v == 0 and not allow_zero)):
         raise SpecError(f"{path}: expected a number {'>= 0' if allow_zero else '> 0'}, got {value!r}")
     return v
