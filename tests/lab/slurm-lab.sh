@@ -198,6 +198,14 @@ verified_pid() {
 # lab_munged_cmd CMDLINE: the command line (NULs as spaces) of a munged of this lab: it names this lab's socket.
 lab_munged_cmd() { [[ "$1" == *"/usr/sbin/munged "*"--socket=$LAB/munge/"* ]]; }
 
+# adopt_munged PID: this lab's own munged (its command line names the lab's socket, it runs this release's binary)
+# that munged.pid does not name: the PID file names it from now on.
+adopt_munged() {
+  log "munged pid $1 runs for this lab but $LAB/run/munged.pid does not name it ($(cat "$LAB/run/munged.pid" \
+    2>/dev/null || echo missing)): adopting it"
+  echo "$1" >"$LAB/run/munged.pid"
+}
+
 # stop_strays: Slurm daemons of this lab (their command line names this lab's slurm.conf), and a munged whose
 # socket is this lab's that runs another release's binary (a lab of that release in this directory left it) or is a
 # second one beside the munged the PID file names - a run killed between a daemon's start and its PID file - stopped
@@ -217,9 +225,7 @@ stop_strays() {
         if ! lab_munged_cmd "$cmd" || [[ "${p#/proc/}" == "$own_munged" ]]; then continue; fi
         exe=$(readlink "$p/exe" 2>/dev/null || true)
         if [[ -z "$own_munged" && "${exe% (deleted)}" == "$(binary_path /usr/sbin/munged)" ]]; then
-          log "munged pid ${p#/proc/} runs for this lab but $LAB/run/munged.pid does not name it ($(cat \
-            "$LAB/run/munged.pid" 2>/dev/null || echo missing)): adopting it"
-          echo "${p#/proc/}" >"$LAB/run/munged.pid"
+          adopt_munged "${p#/proc/}"
           own_munged=${p#/proc/}
           continue
         fi ;;
@@ -575,9 +581,7 @@ start_munged() {
   # then exited, seen once under load): it holds the socket's lock, so a second one could never start. Adopt it.
   local live
   if live=$(lab_munged); then
-    log "munged pid $live runs for this lab but $LAB/run/munged.pid does not name it ($(cat "$LAB/run/munged.pid" \
-      2>/dev/null || echo missing)): adopting it"
-    echo "$live" >"$LAB/run/munged.pid"
+    adopt_munged "$live"
     munged_pid >/dev/null && return 0
   fi
   daemon /usr/sbin/munged --key-file="$LAB/munge/munge.key" --socket="$LAB/munge/munge.socket.2" \
