@@ -26,6 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 LOGS = REPO / "out" / "test-logs"
 MAKE = [os.environ.get("MAKE", "make"), "--no-print-directory"]
 HEARTBEAT = float(os.environ.get("GPUFLEET_LANES_HEARTBEAT", "300"))
+# the lab factory's record of who held which port block when (tests/support/labs.py): shown when a Slurm lane fails
+BLOCKS_LOG = Path(os.environ.get("GPUFLEET_LAB_ROOT", "/tmp/gpufleet-labs")) / "blocks.log"
 TAIL = 300
 
 # lane -> its steps (make targets), run one after another; a failed step ends its lane.
@@ -125,6 +127,9 @@ def run_lane(lane: Lane) -> None:
                 tail = text.splitlines()[-TAIL:]
                 say(f"----- [{lane.name}] last {len(tail)} lines of make {step.target} (whole log: {lane.log})\n"
                     + "\n".join(tail) + f"\n----- [{lane.name}] end of make {step.target}")
+                if lane.name.startswith("slurm") and BLOCKS_LOG.exists():
+                    blocks = BLOCKS_LOG.read_text(errors="replace").splitlines()[-120:]
+                    say(f"----- the lab factory's last {len(blocks)} block events ({BLOCKS_LOG})\n" + "\n".join(blocks))
                 break
     lane.ended = time.monotonic()
 

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from support.labs import LAB_SCRIPT, LabError, read_owner, reclaim, reserve
+from support.labs import LAB_SCRIPT, ROOT, LabError, process_token, read_owner, reclaim, reserve
 
 pytestmark = pytest.mark.lab
 RELEASE = os.environ.get("SLURM_LAB_RELEASE", "22.05")
@@ -90,6 +90,7 @@ def test_a_lab_left_by_a_dead_test_process_is_reclaimed():
         ctld = _pid(res.dir, "slurmctld")
         assert reclaim(res.dir, 1) is True
         assert not os.path.isdir(f"/proc/{ctld}"), "the orphaned lab was not stopped"
+        assert not (res.dir / "owner").exists(), "a stopped lab's directory still names an owner"
         # a lab whose owner lives is never reclaimed
         live = dict(env, SLURM_LAB_OWNER=res.token)
         r = _script(live, "start")
@@ -100,3 +101,40 @@ def test_a_lab_left_by_a_dead_test_process_is_reclaimed():
     finally:
         _script(env, "stop")
         res.release()
+
+
+def test_a_stopped_lab_of_a_live_test_process_is_not_taken():
+    """The lab script's own guard, whatever the factory did: a lab directory whose owner file names a test process
+    that still runs (its lab stopped only for the moment) is refused to any other owner, naming the holder; a
+    token whose process is gone, or a person's, does not hold it. The block's lock is held all along."""
+    res = reserve("the live-owner guard test", nodes=1)
+    try:
+        env = res.script_env(1, RELEASE, SLURM_LAB_HEALTHCHECK_INTERVAL="0")
+        res.dir.mkdir(parents=True, exist_ok=True)
+        live = process_token(1)  # init: a process that lives as long as the machine
+        (res.dir / "owner").write_text(f"{live}\nanother test's lab, stopped for a moment\n")
+        r = _script(env, "start")
+        assert r.returncode != 0, r.stdout + r.stderr
+        assert f"belongs to a test process that still runs: '{live}'" in r.stderr, r.stderr
+        assert not (res.dir / "run" / "slurmctld.pid").exists() or not os.path.isdir(
+            f"/proc/{_pid(res.dir, 'slurmctld')}"), "a lab was started in a directory another test process holds"
+        assert read_owner(res.dir)[0] == live
+        # the same token with another start time names a process that is gone: the directory is free
+        (res.dir / "owner").write_text(f"{live.rsplit(':', 2)[0]}:0:deadbeef\n")
+        r = _script(env, "start")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert read_owner(res.dir)[0] == res.token
+    finally:
+        r = _script(res.script_env(1, RELEASE), "stop")
+        res.release()
+    assert r.returncode == 0 and not (res.dir / "owner").exists(), r.stderr
+
+
+def test_the_blocks_log_names_each_reservation_and_its_release():
+    res = reserve("the blocks-log test", nodes=1)
+    assert res.lost() == ""
+    res.release()
+    assert res.lost() == "released"
+    mine = [line for line in (ROOT / "blocks.log").read_text().splitlines()
+            if f"pid={os.getpid()} block={res.base} " in line and "the blocks-log test" in line]
+    assert [line.split()[4] for line in mine[-2:]] == ["reserve:", "release:"], mine[-2:]

@@ -688,11 +688,31 @@ wait_nodes() {
   log "all $NODES nodes $mode after $(($(now_ms) - start)) ms"
 }
 
-# check_owner: a running lab is attached to only by its owner (SLURM_LAB_OWNER); anyone else is refused by name.
+# token_alive TOKEN: whether the test process a "test:PID:START:RANDOM" token names still runs (its PID with that
+# start time, field 22 of /proc/PID/stat); any other token (a person's) is not a process: not alive here.
+token_alive() {
+  local pid start stat
+  IFS=: read -r _ pid start _ <<<"$1"
+  [[ "$1" == test:* && "$pid" =~ ^[0-9]+$ ]] || return 1
+  stat=$(cat "/proc/$pid/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  read -r -a stat <<<"$stat"
+  [[ "${stat[19]}" == "$start" ]]
+}
+
+# check_owner RUNNING: a running lab is attached to only by its owner (SLURM_LAB_OWNER); anyone else is refused by
+# name. A lab that is not running is refused too while its owner file names a test process that still lives (a
+# stop removes the file): that process's lab is stopped for the moment (a test that stops slurmctld on purpose), and
+# its directory is not another lab's to take.
 check_owner() {
-  local holder="" note=""
+  local running=$1 holder="" note=""
   if [[ -f "$LAB/owner" ]]; then { IFS= read -r holder; IFS= read -r note; } <"$LAB/owner" || true; fi
   [[ "$holder" == "$OWNER" ]] && return 0
+  if ((!running)); then
+    token_alive "$holder" || return 0
+    die "the lab directory $LAB belongs to a test process that still runs: '$holder'${note:+ ($note)}, not" \
+      "'$OWNER'; its lab is stopped only for the moment: choose another SLURM_LAB_PORT_BASE and SLURM_LAB_DIR"
+  fi
   [[ -n "$holder" ]] || holder="nobody on record (a lab from an older slurm-lab.sh)"
   die "the lab in $LAB is running and held by '$holder'${note:+ ($note)}, not by '$OWNER': leave it alone, stop it" \
     "as its owner (slurm-lab.sh stop with its SLURM_LAB_DIR), or choose another SLURM_LAB_PORT_BASE and SLURM_LAB_DIR"
@@ -707,7 +727,7 @@ cmd_start() {
     die "the lab in $LAB runs Slurm $(cat "$LAB/etc/release"); stop it first (slurm-lab.sh stop)"
   fi
   ctld_pid >/dev/null && was_running=1
-  if ((was_running)); then check_owner; fi
+  check_owner "$was_running"
   ((was_running)) || stop_strays
   if [[ -f "$LAB/etc/release" && "$(cat "$LAB/etc/release")" != "$RELEASE" ]]; then
     log "switching $LAB from Slurm $(cat "$LAB/etc/release") to $RELEASE: clearing saved state and spool"
@@ -759,6 +779,7 @@ cmd_stop() {
   stop_pids "slurmctld:$LAB/run/slurmctld.pid:/usr/sbin/slurmctld"
   stop_strays
   stop_pids "munged:$LAB/run/munged.pid:/usr/sbin/munged"
+  rm -f "$LAB/owner"  # nothing of the lab runs: its directory is free for the next holder of the block
   log "stopped in $(($(now_ms) - t0)) ms"
 }
 

@@ -15,7 +15,12 @@ A lab carries an owner token (``SLURM_LAB_OWNER``, written to ``<dir>/owner`` by
 to attach to a running lab with another token, so a test never resets, reuses or stops a lab it did not start.
 A block whose directory holds a lab left running by a dead test process (its token's process is gone) is stopped
 through the lab script (verified PIDs) before reuse; a block with a live foreign lab, or with any of its ports in
-use, is skipped.
+use, is skipped. A block is released only after its lab stopped cleanly (``slurm-lab.sh stop`` removes the owner
+file); a lab whose stop failed keeps its block until this process ends, and the next holder reclaims it.
+
+Every reservation, skip, reclaim and release is one line of ``<root>/blocks.log`` (time, PID, token, block, the lock
+file's inode, what for): ``make test`` prints its tail when a Slurm lane fails, so a block that two labs used at
+once shows who held it and when.
 """
 from __future__ import annotations
 
@@ -85,6 +90,24 @@ def block_ports(base: int, nodes: int) -> list[int]:
     return [base + 17, base + 20] + [base + 100 + i for i in range(1, nodes + 1)]
 
 
+def log_block(event: str, block: int | str, detail: str = "", fd: int | None = None) -> None:
+    """One line of ``<root>/blocks.log`` (appended whole: one write with O_APPEND, so lines of processes never mix)."""
+    try:
+        inode = os.fstat(fd).st_ino if fd is not None else "-"
+    except OSError:
+        inode = "?"
+    line = (f"{time.strftime('%H:%M:%S')}.{int(time.time() * 1000) % 1000:03d} pid={os.getpid()} "
+            f"block={block} inode={inode} {event}: {detail}".replace("\n", " ") + "\n")
+    try:
+        log = os.open(ROOT / "blocks.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError:
+        return
+    try:
+        os.write(log, line.encode(errors="replace"))
+    finally:
+        os.close(log)
+
+
 def read_owner(lab_dir: Path) -> tuple[str, str]:
     """(token, note) from a lab directory's owner file; ('', '') when there is none."""
     try:
@@ -113,8 +136,30 @@ class Reservation:
         env.update({k: str(v) for k, v in settings.items()})
         return env
 
+    def lost(self) -> str:
+        """Why this reservation no longer holds its block ('' while it does): the lock file replaced, or its lock
+        taken by another open of the file (a second open in any process must find it locked)."""
+        if self._fd is None:
+            return "released"
+        path = ROOT / f"block-{self.base}.lock"
+        try:
+            if os.stat(path).st_ino != os.fstat(self._fd).st_ino:
+                return f"{path} is another file now"
+            probe = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            return f"{path}: {exc.strerror}"
+        try:
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return ""
+        finally:
+            os.close(probe)
+        return "its flock was gone"
+
     def release(self) -> None:
         if self._fd is not None:
+            lost = self.lost()
+            log_block("release" if not lost else f"release (LOST: {lost})", self.base, self.purpose, self._fd)
             os.close(self._fd)  # closing the descriptor drops the flock
             self._fd = None
 
@@ -128,8 +173,9 @@ def reclaim(lab_dir: Path, nodes: int) -> bool:
         return False
     env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
     env.update(SLURM_LAB_DIR=str(lab_dir), SLURM_LAB_NODES=str(nodes))
-    subprocess.run(["bash", str(LAB_SCRIPT), "stop"], env=env, capture_output=True, text=True, timeout=180,
-                   check=False)
+    proc = subprocess.run(["bash", str(LAB_SCRIPT), "stop"], env=env, capture_output=True, text=True, timeout=180,
+                          check=False)
+    log_block("reclaim", lab_dir.name, f"stopped the lab of {holder} (rc {proc.returncode})")
     return True
 
 
@@ -150,6 +196,7 @@ def reserve(purpose: str, nodes: int = 4, base: int | None = None) -> Reservatio
         except BlockingIOError:
             os.close(fd)
             holder = (ROOT / f"block-{b}.lock").read_text().replace("\n", " ").strip()
+            log_block("skip", b, f"locked by {holder} ({purpose})")
             if base is not None:
                 raise LabError(f"lab port block {b} is reserved by another test process: {holder}; choose another "
                                "SLURM_LAB_PORT_BASE or leave it unset (the factory then picks a free block)")
@@ -162,6 +209,7 @@ def reserve(purpose: str, nodes: int = 4, base: int | None = None) -> Reservatio
         if busy:
             os.close(fd)
             who = f"a lab held by {holder!r} ({note})" if holder and token_alive(holder) else "another program"
+            log_block("skip", b, f"ports {busy} in use by {who} ({purpose})")
             skipped.append(f"{b}: ports {busy} in use by {who}")
             if base is not None:
                 raise LabError(f"lab port block {b} is taken: ports {busy} in use by {who}; choose another "
@@ -170,6 +218,7 @@ def reserve(purpose: str, nodes: int = 4, base: int | None = None) -> Reservatio
         token = process_token()
         os.ftruncate(fd, 0)
         os.write(fd, f"{token}\n{purpose}\n".encode())
+        log_block("reserve", b, f"{token} {purpose}; the lab directory's owner file named {holder or 'nobody'}", fd)
         return Reservation(base=b, dir=lab_dir, purpose=purpose, token=token, _fd=fd)
     raise LabError(f"no free lab port block between {FIRST_BASE} and {LAST_BASE}: " + "; ".join(skipped[-5:]))
 
@@ -216,16 +265,25 @@ class SlurmLab:
 
     # ---- life ------------------------------------------------------------------------------------------------
     def start(self, timeout: float = 900) -> SlurmLab:
+        lost = self.reservation.lost() if self.reservation is not None else ""
+        if lost:
+            raise LabError(f"lab block {self.port_base} is no longer this process's ({lost}); not starting a lab there")
         self.script_run("start", timeout=timeout)
         self.env = parse_env(self.script_run("env").stdout)
         return self
 
     def stop(self) -> None:
-        try:
-            self.script_run("stop", check=False, timeout=300)
-        finally:
-            if self.reservation is not None:
-                self.reservation.release()
+        """Stop the lab; its block is released only when the stop succeeded. A lab that may still run keeps its
+        block until this process ends (the next holder then reclaims it): released, its directory would be handed
+        to another lab while its daemons, or clients pointed at it, are still there."""
+        proc = self.script_run("stop", check=False, timeout=300)
+        if self.reservation is None:
+            return
+        if proc.returncode == 0:
+            self.reservation.release()
+        else:
+            log_block("keep", self.port_base, f"stop failed (rc {proc.returncode}): {proc.stderr[-300:]}",
+                      self.reservation._fd)
 
     # ---- commands --------------------------------------------------------------------------------------------
     def run(self, *argv, check: bool = True, timeout: float = 60, input: str | None = None):
