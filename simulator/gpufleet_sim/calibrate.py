@@ -378,6 +378,36 @@ def poisson_ci(k: int, level: float = 0.95) -> Tuple[float, float]:
     return lower, solve(k + 1, 1 - alpha / 2)
 
 
+#: seconds between one event's end and the node's next event's start that still make one episode (slurmdbd writes
+#: both times to the second, from one clock reading or two)
+EPISODE_GAP_S = 1.0
+
+
+def episodes(events: List[Event]) -> List[Event]:
+    """The times each node was out of service, one record per episode, with the state and reason it went out with.
+
+    slurmdbd ends a node's event and opens another whenever the node's state or reason changes while it is out: a
+    drained node that stops responding (a repair's reboot, or a slurmd too slow to answer), a drain whose reason is
+    rewritten. Those later events are the same time out of service, not new faults: a fault strikes a node in
+    service (the exposure is the time in service), so an event that begins when, or before, the node's previous
+    out-of-service event ended continues that episode. Events that are not out of service (the leaf's rule:
+    ``DOWN*``, ``IDLE+DRAIN`` and the like are) are left out."""
+    out: List[Event] = []
+    last: Dict[str, int] = {}  # node -> index in out of its latest episode
+    for e in sorted((e for e in events if out_of_service(e.state)), key=lambda e: e.start):
+        i = last.get(e.node)
+        if i is not None:
+            ep = out[i]
+            if ep.end is None or e.start <= ep.end + EPISODE_GAP_S:
+                if ep.end is not None:
+                    out[i] = Event(ep.node, ep.start, None if e.end is None else max(ep.end, e.end), ep.state,
+                                   ep.reason)
+                continue
+        last[e.node] = len(out)
+        out.append(e)
+    return out
+
+
 def in_service_node_days(nodes: int, events: List[Event], t0: float, t1: float) -> float:
     """Node-days in service between t0 and t1 of a fleet of ``nodes``: every node's time, less its time out of
     service (an event still open counts to t1)."""
@@ -402,7 +432,8 @@ def exposure(sc: dict, events: List[Event], runs: Runs, t0: float, t1: float) ->
 
 
 def fit(sc: dict, brain, events: List[Event], runs: Runs, t0: float, t1: float) -> dict:
-    """Rates per event key and per class between t0 and t1 (events that began in the window)."""
+    """Rates per event key and per class between t0 and t1 (episodes out of service that began in the window)."""
+    events = episodes(events)
     expo, expo_what = exposure(sc, events, runs, t0, t1)
     if expo <= 0:
         raise CalibrationError(f"no exposure between {t0:.0f} and {t1:.0f} ({expo_what})")
@@ -410,8 +441,7 @@ def fit(sc: dict, brain, events: List[Event], runs: Runs, t0: float, t1: float) 
     counts: Dict[str, int] = {}
     out_days: Dict[str, float] = {}
     for e in events:
-        # the leaf's rule for "out of service" (sacctmgr writes DOWN* for a node not responding, IDLE+DRAIN, ...)
-        if not t0 <= e.start < t1 or not out_of_service(e.state):
+        if not t0 <= e.start < t1:
             continue
         k = event_key(e.reason)
         counts[k] = counts.get(k, 0) + 1

@@ -241,3 +241,28 @@ def test_the_last_record_is_inside_the_window(truth):
     t0, t1 = cal.window_of(events, runs)
     res = cal.fit(sc, brain, events, runs, t0, t1)
     assert res["groups"]["Not responding"]["count"] == 1 and res["interruptions"] == 1
+
+
+def test_a_node_out_of_service_is_one_episode_whatever_slurmdbd_splits_it_into(truth):
+    """slurmdbd ends a node's event and opens another whenever its state or reason changes while it is out: a
+    drained node that then stops responding (a repair's reboot; a slow slurmd under load - the lab round trip met it
+    on 24.11) is one Xid 79 out of service, not an Xid 79 and a node that died. A later episode after the node came
+    back counts again, and its time out is the episode's whole time."""
+    sc, brain, _rates = truth
+    events = cal.read_events([HEADER,
+                              "lab|node2|2026-01-01T03:00:00|2026-01-01T03:10:00|IDLE+DRAIN|gpufleet: xid79 gpu3|root",
+                              "lab|node2|2026-01-01T03:10:01|2026-01-01T04:00:00|DOWN*+DRAIN|gpufleet: xid79 gpu3|x",
+                              "lab|node2|2026-01-01T04:00:00|2026-01-01T05:00:00|DOWN*|Not responding|slurm(64030)",
+                              "lab|node2|2026-01-01T09:00:00|Unknown|DOWN*|Not responding|slurm(64030)",
+                              "lab|node3|2026-01-01T04:00:00|2026-01-01T05:00:00|IDLE|no longer out|root(0)"], "e")
+    eps = cal.episodes(events)
+    assert [(e.node, e.reason, e.end - e.start if e.end else None) for e in eps] == [
+        ("node2", "gpufleet: xid79 gpu3", 2 * 3600.0), ("node2", "Not responding", None)]
+    job = {"job_id": 1, "state": {"current": ["COMPLETED"]}, "allocation_nodes": 1,
+           "time": {"start": calendar.timegm((2026, 1, 1, 0, 0, 0)), "end": calendar.timegm((2026, 1, 2, 0, 0, 0))}}
+    runs = cal.read_sacct(json.dumps({"jobs": [job]}), "s")
+    t0, t1 = cal.window_of(events, runs)
+    res = cal.fit(sc, brain, events, runs, t0, t1)
+    counts = {k: g["count"] for k, g in res["groups"].items()}
+    assert counts["xid79"] == 1 and counts["Not responding"] == 1, counts
+    assert res["groups"]["xid79"]["mean_out_days"] == pytest.approx(2 / 24)
