@@ -22,6 +22,8 @@
 #   SLURM_LAB_EXTRA_CONF [unset: file appended verbatim to slurm.conf]  SLURM_LAB_INSTALL [auto|no]
 #   SLURM_LAB_TIMEOUT [60: seconds for the nodes]  SLURM_LAB_CTLD_TIMEOUT [60: seconds for slurmctld to answer]
 #   SLURM_LAB_SLURMD_TIMEOUT [30]  SLURM_LAB_KEEP_STATE [0]
+#   SLURM_LAB_ACCOUNTING [0 | 1 = real accounting: MariaDB (the host's, datadir in the lab, port BASE+30) and
+#                          slurmdbd (the release's, port BASE+19); sacct and sacctmgr then read real records]
 #   SLURM_LAB_RELEASE [22.05 = the host's Debian Slurm | 24.11 = Debian trixie chroot]
 #   SLURM_LAB_CHROOT [/var/cache/gpufleet/trixie-chroot]  (built once with debootstrap, then reused)
 #   SLURM_LAB_CHROOT_BINDS [/tmp /work /root /home /opt /srv]  host dirs bound at the same path in the chroot
@@ -65,6 +67,7 @@ TIMEOUT=${SLURM_LAB_TIMEOUT:-60}
 CTLD_TIMEOUT=${SLURM_LAB_CTLD_TIMEOUT:-60}
 SLURMD_TIMEOUT=${SLURM_LAB_SLURMD_TIMEOUT:-30}
 KEEP_STATE=${SLURM_LAB_KEEP_STATE:-0}
+ACCOUNTING=${SLURM_LAB_ACCOUNTING:-0}
 OWNER=${SLURM_LAB_OWNER:-person:$(id -un)}
 OWNER_NOTE=${SLURM_LAB_OWNER_NOTE:-started with slurm-lab.sh by $(id -un)}
 RELEASE=${SLURM_LAB_RELEASE:-22.05}
@@ -83,7 +86,10 @@ esac
 
 CONF=$LAB/etc/slurm.conf
 CTLD_PORT=$((PORT_BASE + 17))
+DBD_PORT=$((PORT_BASE + 19))
 RESTD_PORT=$((PORT_BASE + 20))
+DB_PORT=$((PORT_BASE + 30))
+DB_DIR=$LAB/mysql
 SYS_PATH=/usr/sbin:/usr/bin:/sbin:/bin
 CONF_CHANGED=0
 
@@ -116,6 +122,7 @@ esac
 [[ "$NODES" =~ ^[1-9][0-9]*$ ]] || die "SLURM_LAB_NODES must be a positive integer, got '$NODES'"
 [[ "$PORT_BASE" =~ ^[1-9][0-9]*$ ]] || die "SLURM_LAB_PORT_BASE must be a positive integer, got '$PORT_BASE'"
 [[ "$HC_INTERVAL" =~ ^[0-9]+$ ]] || die "SLURM_LAB_HEALTHCHECK_INTERVAL must be an integer >= 0"
+[[ "$ACCOUNTING" == 0 || "$ACCOUNTING" == 1 ]] || die "SLURM_LAB_ACCOUNTING must be 0 or 1, got '$ACCOUNTING'"
 for v in TIMEOUT CTLD_TIMEOUT; do
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "SLURM_LAB_$v must be a positive number of seconds, got '${!v}'"
 done
@@ -169,7 +176,7 @@ binary_path() {
 
 # --- PID safety --------------------------------------------------------------------------------------------
 # verified_pid PIDFILE BINARY [prune]: print the PID if it is alive, runs BINARY ("*": any, for a stray found by its
-# command line) and belongs to this lab. Nothing
+# command line; "host:PATH": the host's PATH for either release) and belongs to this lab. Nothing
 # is ever signalled by name. Only stop passes "prune", which removes a stale PID file: a check that only looks
 # must not, because Slurm >= 23.11 re-execs slurmctld on reconfigure and the new process writes its PID over the
 # old one's - a look that read the old PID, found it gone and removed the file would remove the new PID with it,
@@ -186,7 +193,9 @@ verified_pid() {
   fi
   exe=$(readlink "/proc/$pid/exe" 2>/dev/null || true)
   exe=${exe% (deleted)}
-  if [[ "$binary" != "*" && "$exe" != "$(binary_path "$binary")" ]]; then
+  if [[ "$binary" == host:* ]]; then  # a host program whatever the release (MariaDB): that binary, on the host
+    [[ "$exe" == "$(readlink -f "${binary#host:}")" ]] || return 1
+  elif [[ "$binary" != "*" && "$exe" != "$(binary_path "$binary")" ]]; then
     # Ours, but another binary (a lab of the other release in this directory): keep the PID file.
     [[ "$exe" == */"${binary##*/}"* ]] && log "pid $pid in $pidfile runs $exe, not $(binary_path "$binary")"
     [[ "$exe" == */"${binary##*/}"* || -z "$prune" ]] || rm -f "$pidfile"
@@ -221,6 +230,7 @@ stop_strays() {
     cmd=$(tr '\0' ' ' 2>/dev/null <"$p/cmdline") || continue  # the process may be gone by now: say nothing
     case "$cmd" in
       *"/usr/sbin/slurm"*" -f $CONF "* | *"/usr/sbin/slurm"*" -f $CONF") ;;
+      *"/usr/sbin/mariadbd "*"--datadir=$DB_DIR "*) ;;
       *"/usr/sbin/munged "*)
         if ! lab_munged_cmd "$cmd" || [[ "${p#/proc/}" == "$own_munged" ]]; then continue; fi
         exe=$(readlink "$p/exe" 2>/dev/null || true)
@@ -276,9 +286,16 @@ port_busy() {
 
 # --- installation ------------------------------------------------------------------------------------------
 install_host_packages() {
-  local -a pkgs=(munge slurmctld slurmd slurm-client) missing=()
-  local p created_policy=0 rc=0
+  local -a pkgs=(munge slurmctld slurmd slurm-client)
   [[ -n "$JWKS" ]] && pkgs+=(slurmrestd slurm-wlm-jwt-plugin)
+  ((ACCOUNTING)) && pkgs+=(slurmdbd)
+  apt_install_host "${pkgs[@]}"
+}
+
+# apt_install_host PKG...: install the packages the host lacks (services are not started: policy-rc.d says no).
+apt_install_host() {
+  local -a pkgs=("$@") missing=()
+  local p created_policy=0 rc=0
   for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
   done
@@ -319,7 +336,7 @@ build_chroot() {
       mount -t proc proc "$1/proc" && mount --rbind /dev "$1/dev" && mount --rbind /sys "$1/sys" &&
       chroot "$1" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive \
         sh -c "apt-get update -qq && apt-get install -y -qq --no-install-recommends \
-               munge slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin"' sh "$tmp" \
+               munge slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin slurmdbd"' sh "$tmp" \
       >"$parent/chroot-apt.log" 2>&1 || { tail -30 "$parent/chroot-apt.log" >&2; die "apt-get in the chroot failed"; }
     rm -f "$tmp/usr/sbin/policy-rc.d"
     # shellcheck disable=SC2016  # dpkg-query format
@@ -328,6 +345,44 @@ build_chroot() {
     log "chroot ready: $(cat "$ROOT/.gpufleet-ready")"
   fi
   exec 9>&-
+}
+
+# The accounting parts: MariaDB from the host's packages (for both releases: slurmdbd talks to it over loopback
+# TCP) and slurmdbd of the lab's release (in the chroot for 24.11; a chroot built before slurmdbd was in its list
+# gets it added once, under the build lock).
+install_accounting_packages() {
+  apt_install_host mariadb-server mariadb-client
+  [[ -n "$ROOT" ]] || return 0
+  [[ -x "$ROOT/usr/sbin/slurmdbd" ]] && return 0
+  [[ "$INSTALL" == auto ]] || die "no slurmdbd in the chroot at $ROOT (SLURM_LAB_INSTALL=no)"
+  local parent
+  parent=$(dirname "$ROOT")
+  exec 9>"$parent/.build.lock"
+  flock 9
+  if [[ ! -x "$ROOT/usr/sbin/slurmdbd" ]]; then
+    log "adding slurmdbd to the chroot at $ROOT (once)"
+    printf '#!/bin/sh\nexit 101\n' >"$ROOT/usr/sbin/policy-rc.d"; chmod 755 "$ROOT/usr/sbin/policy-rc.d"
+    # shellcheck disable=SC2016  # expanded by the inner shell
+    unshare --mount --propagation private -- sh -c '
+      mount -t proc proc "$1/proc" && mount --rbind /dev "$1/dev" &&
+      chroot "$1" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive \
+        sh -c "apt-get update -qq && apt-get install -y -qq --no-install-recommends slurmdbd"' sh "$ROOT" \
+      >"$parent/chroot-apt-slurmdbd.log" 2>&1 || { rm -f "$ROOT/usr/sbin/policy-rc.d"; exec 9>&-
+        tail -30 "$parent/chroot-apt-slurmdbd.log" >&2; die "apt-get install slurmdbd in the chroot failed"; }
+    rm -f "$ROOT/usr/sbin/policy-rc.d"
+  fi
+  exec 9>&-
+}
+
+# slurm.conf's accounting lines: slurmdbd on loopback when SLURM_LAB_ACCOUNTING=1, else none.
+accounting_conf() {
+  if ((ACCOUNTING)); then
+    printf 'AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageHost=localhost\n'
+    # with slurmdbd, AccountingStoragePass names the munge socket for the connections to it (Slurm's slurm.conf)
+    printf 'AccountingStoragePort=%s\nAccountingStoragePass=%s\n' "$DBD_PORT" "$LAB/munge/munge.socket.2"
+  else
+    echo "AccountingStorageType=accounting_storage/none"
+  fi
 }
 
 # --- configuration -----------------------------------------------------------------------------------------
@@ -451,7 +506,7 @@ exec chroot "\$root" /usr/bin/env PATH=$SYS_PATH /bin/sh -c 'cd "\$1" 2>/dev/nul
 EOF
     mkdir -p "$LAB/bin/wrap" "$ROOT$LAB" "$ROOT/.host"
     local c
-    for c in scontrol sinfo squeue sbatch srun scancel sacct sprio sshare sdiag; do
+    for c in scontrol sinfo squeue sbatch srun scancel sacct sacctmgr sprio sshare sdiag; do
       write_if_changed "$LAB/bin/wrap/$c" 755 <<EOF || true
 #!/usr/bin/env bash
 # Slurm $RELEASE client from the lab's chroot ($ROOT).
@@ -513,7 +568,7 @@ MailProg=/bin/true
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
+$(accounting_conf)
 JobCompType=jobcomp/filetxt
 JobCompLoc=$LAB/log/jobcomp.log
 MpiDefault=none
@@ -596,6 +651,83 @@ start_munged() {
     fi
     sleep 0.1
   done
+}
+
+# MariaDB is the host's for either release: found by its PID file, its binary and its command line (it names this
+# lab's data directory); never any process that merely names the lab.
+mariadb_pid() { verified_pid "$LAB/run/mariadb.pid" host:/usr/sbin/mariadbd; }
+dbd_pid() { verified_pid "$LAB/run/slurmdbd.pid" /usr/sbin/slurmdbd; }
+db_client() { mariadb --no-defaults --socket="$LAB/run/mariadb.sock" -u root "$@"; }
+
+start_mariadb() {
+  mariadb_pid >/dev/null && return 0
+  port_busy "$DB_PORT" && die "port $DB_PORT (MariaDB) is busy: choose another SLURM_LAB_PORT_BASE"
+  # the database is the release's (slurmdbd 24.11 refuses a 22.05 schema as "too old to upgrade"): a data
+  # directory made for another release, or without its mark, is made again
+  if [[ -d "$DB_DIR" && "$(cat "$DB_DIR/.gpufleet-release" 2>/dev/null)" != "$RELEASE" ]]; then
+    log "the accounting database in $DB_DIR is not Slurm $RELEASE's: making a new one"
+    rm -rf "$DB_DIR"
+  fi
+  if [[ ! -d "$DB_DIR/mysql" ]]; then  # a data directory of its own, made once (whole, or not at all)
+    rm -rf "$DB_DIR.new"; mkdir -p "$DB_DIR.new" "$LAB/tmp-db"
+    # a temporary directory of the lab's own: two installs sharing /tmp collide on their temporary tables' names
+    mariadb-install-db --no-defaults --datadir="$DB_DIR.new" --tmpdir="$LAB/tmp-db" --user=root \
+      --auth-root-authentication-method=socket --skip-test-db >"$LAB/log/mariadb-install.log" 2>&1 ||
+      { tail -20 "$LAB/log/mariadb-install.log" >&2; die "mariadb-install-db failed; see $LAB/log/mariadb-install.log"; }
+    echo "$RELEASE" >"$DB_DIR.new/.gpufleet-release"
+    mv "$DB_DIR.new" "$DB_DIR"
+  fi
+  mkdir -p "$LAB/tmp-db"
+  setsid /usr/sbin/mariadbd --no-defaults --datadir="$DB_DIR" --tmpdir="$LAB/tmp-db" --socket="$LAB/run/mariadb.sock" \
+    --port="$DB_PORT" --bind-address=127.0.0.1 --pid-file="$LAB/run/mariadb.pid" --log-error="$LAB/log/mariadb.log" \
+    --user=root --skip-name-resolve --innodb-buffer-pool-size=32M </dev/null >>"$LAB/log/mariadb.log" 2>&1 &
+  local end
+  end=$(deadline 60)
+  until mariadb_pid >/dev/null && db_client -e 'SELECT 1' >/dev/null 2>&1; do
+    if past "$end"; then
+      tail -20 "$LAB/log/mariadb.log" >&2 || true
+      die "MariaDB did not answer on $LAB/run/mariadb.sock within 60 s; see $LAB/log/mariadb.log"
+    fi
+    sleep 0.2
+  done
+  # slurmdbd's own user, loopback only (the lab's database holds nothing but this lab's records)
+  db_client -e "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurmlab';
+    GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; FLUSH PRIVILEGES;" || die "MariaDB: cannot create slurmdbd's user"
+}
+
+start_slurmdbd() {
+  dbd_pid >/dev/null && return 0
+  port_busy "$DBD_PORT" && die "port $DBD_PORT (slurmdbd) is busy: choose another SLURM_LAB_PORT_BASE"
+  # slurmdbd reads slurmdbd.conf beside SLURM_CONF; it must be the SlurmUser's and not readable by others
+  write_if_changed "$LAB/etc/slurmdbd.conf" 600 <<EOF || true
+# Generated by slurm-lab.sh; rewritten on every start.
+AuthType=auth/munge
+AuthInfo=socket=$LAB/munge/munge.socket.2
+DbdAddr=127.0.0.1
+DbdHost=localhost
+DbdPort=$DBD_PORT
+SlurmUser=root
+PidFile=$LAB/run/slurmdbd.pid
+LogFile=$LAB/log/slurmdbd.log
+DebugLevel=info
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=$DB_PORT
+StorageUser=slurm
+StoragePass=slurmlab
+StorageLoc=slurm_acct_db
+EOF
+  daemon /usr/sbin/slurmdbd || die "slurmdbd failed to start; see $LAB/log/slurmdbd.log"
+  local end out=""
+  end=$(deadline 60)
+  until dbd_pid >/dev/null && out=$(client_t 10 sacctmgr -n -P list cluster format=cluster 2>&1); do
+    if past "$end"; then
+      echo "--- last 'sacctmgr list cluster': $out" >&2; tail -20 "$LAB/log/slurmdbd.log" >&2 || true
+      die "slurmdbd did not answer within 60 s; see $LAB/log/slurmdbd.log"
+    fi
+    sleep 0.2
+  done
+  grep -qx lab <<<"$out" || client_t 30 sacctmgr -i add cluster lab >/dev/null || die "sacctmgr add cluster lab failed"
 }
 
 start_slurmctld() {
@@ -723,6 +855,7 @@ cmd_start() {
   t0=$(now_ms)
   [[ $EUID -eq 0 ]] || die "must run as root"
   if [[ -n "$ROOT" ]]; then build_chroot; else install_host_packages; fi
+  if ((ACCOUNTING)); then install_accounting_packages; fi
   if [[ -f "$LAB/etc/release" && "$(cat "$LAB/etc/release")" != "$RELEASE" ]] && port_busy "$CTLD_PORT"; then
     die "the lab in $LAB runs Slurm $(cat "$LAB/etc/release"); stop it first (slurm-lab.sh stop)"
   fi
@@ -730,13 +863,15 @@ cmd_start() {
   check_owner "$was_running"
   ((was_running)) || stop_strays
   if [[ -f "$LAB/etc/release" && "$(cat "$LAB/etc/release")" != "$RELEASE" ]]; then
-    log "switching $LAB from Slurm $(cat "$LAB/etc/release") to $RELEASE: clearing saved state and spool"
-    rm -rf "${LAB:?}/state" "${LAB:?}/spool"
+    log "switching $LAB from Slurm $(cat "$LAB/etc/release") to $RELEASE: clearing saved state, spool and accounting"
+    # the accounting database is the release's too: slurmdbd 24.11 refuses a 22.05 schema ("too old to upgrade")
+    rm -rf "${LAB:?}/state" "${LAB:?}/spool" "$DB_DIR"
   fi
   write_config
   echo "$RELEASE" >"$LAB/etc/release"
   printf '%s\n%s\n' "$OWNER" "$OWNER_NOTE" >"$LAB/owner.new" && mv -f "$LAB/owner.new" "$LAB/owner"
   start_munged
+  if ((ACCOUNTING)); then start_mariadb; start_slurmdbd; fi
   if ((!was_running)) && [[ "$KEEP_STATE" != 1 ]]; then fresh=1; fi
   # A fresh lab starts clean: no health flag and no hook left by a run that was killed before its teardown
   # (a leftover healthcheck.hook drains its node at the first health check, and "nodes not idle" follows).
@@ -777,6 +912,9 @@ cmd_stop() {
   done
   stop_pids "${specs[@]}"
   stop_pids "slurmctld:$LAB/run/slurmctld.pid:/usr/sbin/slurmctld"
+  # accounting, whether or not this call asked for it: a lab started with it keeps its PID files
+  stop_pids "slurmdbd:$LAB/run/slurmdbd.pid:/usr/sbin/slurmdbd"
+  stop_pids "mariadb:$LAB/run/mariadb.pid:host:/usr/sbin/mariadbd"
   stop_strays
   stop_pids "munged:$LAB/run/munged.pid:/usr/sbin/munged"
   rm -f "$LAB/owner"  # nothing of the lab runs: its directory is free for the next holder of the block
@@ -789,6 +927,9 @@ cmd_status() {
   printf '%-12s %s\n' munged "$(updown munged_pid)" slurmctld "$(updown ctld_pid)"
   for n in $(node_names); do printf '%-12s %s\n' "slurmd $n" "$(updown slurmd_pid "$n")"; done
   if [[ -n "$JWKS" ]]; then printf '%-12s %s\n' slurmrestd "$(updown restd_pid)"; fi
+  if ((ACCOUNTING)) || [[ -f "$LAB/run/slurmdbd.pid" ]]; then
+    printf '%-12s %s\n' slurmdbd "$(updown dbd_pid)" mariadb "$(updown mariadb_pid)"
+  fi
   if ctld_pid >/dev/null; then client sinfo -N -o '%N %T %G %E' || true; else rc=1; fi
   return "$rc"
 }

@@ -87,7 +87,8 @@ def port_busy(port: int) -> bool:
 
 
 def block_ports(base: int, nodes: int) -> list[int]:
-    return [base + 17, base + 20] + [base + 100 + i for i in range(1, nodes + 1)]
+    """slurmctld, slurmdbd, slurmrestd, MariaDB (a lab with accounting), then each slurmd."""
+    return [base + 17, base + 19, base + 20, base + 30] + [base + 100 + i for i in range(1, nodes + 1)]
 
 
 def log_block(event: str, block: int | str, detail: str = "", fd: int | None = None) -> None:

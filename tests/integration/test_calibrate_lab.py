@@ -1,0 +1,135 @@
+# Copyright (c) gpufleet.reliability contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Real records from the lab, read back by ``gpufleet-sim calibrate`` (the site's own records become the scenario).
+
+A lab of this module's own runs with real accounting (MariaDB from Debian's packages and the release's slurmdbd,
+started and stopped by the lab script like its other daemons). The test makes a short history: a job that
+completes, a job whose node dies (its slurmd killed: Slurm marks the node DOWN "Not responding" and ends the job
+NODE_FAIL), and the real agent draining a node on a replayed kernel-log capture of Xid 79. It then reads Slurm's
+own records the way a site would (``sacct --json``, ``sacctmgr -P show event``) and checks that ``calibrate``
+counts exactly what the test did, on both Slurm releases.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from support.labs import running_lab
+
+pytestmark = pytest.mark.lab
+REPO = Path(__file__).resolve().parents[2]
+AGENT = Path(sys.executable).parent / "gpufleet-health"
+SIM = [sys.executable, "-m", "gpufleet_sim.cli"]
+SCENARIO = REPO / "simulator" / "scenarios" / "default-1k.yaml"
+#: a real capture (tests/fixtures/gpu/kmsg-xid-line-format-variants.log): a GPU fell off the bus
+XID79 = "NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.\n"
+EVENT_FORMAT = "format=Cluster,NodeName,TimeStart,TimeEnd,State,Reason,User"
+
+
+def _until(what: str, check, timeout: float, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(interval)
+
+
+def _kill_job_leftovers(spool: Path) -> None:
+    """A job script whose slurmd was killed outlives it: stopped by PID, each one's command line naming the spool."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if str(spool) in cmd:
+            try:
+                os.kill(int(proc.name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_calibrate_reads_back_what_the_lab_did(tmp_path):
+    with running_lab("the accounting lab (calibrate's round trip)", nodes=3, SLURM_LAB_ACCOUNTING="1",
+                     SLURM_LAB_HEALTHCHECK_INTERVAL="0", SLURM_LAB_SLURMD_TIMEOUT="10") as lab:
+        try:
+            _round_trip(lab, tmp_path)
+        finally:
+            _kill_job_leftovers(lab.dir / "spool")
+
+
+def _round_trip(lab, tmp_path):
+    dies, drained, quiet = lab.nodes
+    time.sleep(2)  # the records from here on: the nodes' cold-start events at the lab's start are before
+    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
+    out = ("--output", str(tmp_path / "job-%j.out"))  # not slurm-<id>.out in the directory pytest runs from
+    doomed = lab.run("sbatch", "--parsable", "--no-requeue", "-N1", "-w", dies, *out, "--wrap",
+                     "sleep 600").stdout.strip()
+    done = lab.run("sbatch", "--parsable", "-N1", "-w", quiet, *out, "--wrap", "true").stdout.strip()
+    _until(f"job {doomed} running", lambda: lab.run("squeue", "-h", "-j", doomed, "-o", "%T").stdout.strip()
+           == "RUNNING", 60)
+
+    # the real agent drains a node on a replayed Xid 79 (a GPU fell off the bus)
+    kmsg = tmp_path / "kmsg.log"
+    kmsg.write_text(XID79)
+    fake = tmp_path / "healthy.json"
+    fake.write_text("{}")
+    env = dict(os.environ, **lab.env)
+    agent = subprocess.run([str(AGENT), "check", "--slurm", "--json", "--node", drained, "--fake-nvml", str(fake),
+                            "--kmsg", str(kmsg), "--expected-gpus", "8", "--state-file", str(tmp_path / "state")],
+                           env=env, capture_output=True, text=True, timeout=120, check=False)
+    state, reason = lab.wait_for(drained, lambda sr: sr[0] in ("drained", "draining"), timeout=30)
+    assert reason.startswith("gpufleet: xid79"), (reason, agent.stdout, agent.stderr)
+
+    # a node dies under its job: slurmd killed, Slurm marks it DOWN and ends the job NODE_FAIL
+    os.kill(int((lab.dir / "run" / f"slurmd-{dies}.pid").read_text()), signal.SIGKILL)
+    lab.wait_for(dies, lambda sr: sr[0].startswith("down"), timeout=60)
+
+    # Slurm's own records, read as a site reads them
+    def sacct_states():
+        out = lab.run("sacct", "-X", "-n", "-P", "--format=JobID,State", "-S", since, check=False).stdout
+        return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
+
+    states = _until("the jobs' end in sacct", lambda: (s := sacct_states()).get(doomed) == "NODE_FAIL"
+                    and s.get(done) == "COMPLETED" and s, 60)
+    assert set(states) == {doomed, done}, states
+
+    def events():
+        return lab.run("sacctmgr", "-n", "-P", "show", "event", EVENT_FORMAT, f"Start={since}", check=False).stdout
+
+    _until("the DOWN and DRAIN events in sacctmgr", lambda: "Not responding" in events()
+           and "gpufleet: xid79" in events(), 60)
+    head = "Cluster|NodeName|TimeStart|TimeEnd|State|Reason|User\n"
+    (tmp_path / "events.txt").write_text(head + events())
+    sacct = lab.run("sacct", "--json", "-S", since).stdout
+    json.loads(sacct)  # it is JSON
+    (tmp_path / "sacct.json").write_text(sacct)
+
+    cal = subprocess.run(SIM + ["calibrate", str(SCENARIO), "--events", str(tmp_path / "events.txt"),
+                                "--sacct", str(tmp_path / "sacct.json"), "--out", str(tmp_path / "site.yaml"),
+                                "--json", str(tmp_path / "fit.json")],
+                         capture_output=True, text=True, timeout=300, check=False, cwd=REPO / "simulator")
+    assert cal.returncode == 0, cal.stdout + cal.stderr
+    fit = json.loads((tmp_path / "fit.json").read_text())
+    counts = {key: g["count"] for key, g in fit["groups"].items()}
+    xid79 = [key for key in counts if key.startswith("xid79")]
+    records = (tmp_path / "events.txt").read_text()
+    assert xid79 and counts[xid79[0]] == 1, (counts, records)  # the agent's drain, matched to the class by its code
+    down = [key for key, g in fit["groups"].items() if "Not responding" in key or key.lower() == "down"]
+    assert down and counts[down[0]] == 1, (counts, records)  # the node that died
+    assert fit["interruptions"] == 1  # the job that ended NODE_FAIL
+    assert not fit["unmatched"], fit["unmatched"]
+    site = (tmp_path / "site.yaml").read_text()
+    assert "kind: site" in site and "count: 1" in site
+    print(cal.stdout)
