@@ -140,23 +140,33 @@ def export_runs(sc: dict, policy: dict, seeds: int, out: Path) -> list:
     written = []
     for seed in range(1, seeds + 1):
         sim = Sim(sc, policy, seed, _brain(sc, policy, {}))
+        sim.vslurm.history_log = []
         sim.run()
         files = export_history(sim, out / policy["name"].replace("/", "_") / f"seed-{seed}")
-        written += [files["events"], files["sacct"]]
+        written += list(files.values())
     return written
 
 
 def cmd_calibrate(args) -> int:
     from .brain import default_brain
-    from .calibrate import CalibrationError, calibrated_raw, fit, holdout, load_records, window_of
+    from .calibrate import CalibrationError, fit, holdout, load_records, window_of
 
     sc = scn.load(args.scenario)
-    if not (args.events or args.sacct):
-        print("gpufleet-sim calibrate: give the site's records: --events (sacctmgr -P show event) and/or --sacct "
-              "(sacct --json)", file=sys.stderr)
+    if not (args.events or args.sacct or args.nodes):
+        print("gpufleet-sim calibrate: give the site's records: --events (sacctmgr -P show event), --sacct "
+              "(sacct --json) and/or --nodes (scontrol show node --json: the repair histories)", file=sys.stderr)
         return 2
     brain = default_brain(sc)
+    repairs = None
     try:
+        if args.nodes:
+            repairs = _calibrate_repairs(args.nodes, args.history_field)
+        if not (args.events or args.sacct):
+            if args.holdout:
+                raise CalibrationError("--holdout: the held-out check predicts node events and interruptions; give "
+                                       "--events and/or --sacct")
+            return _write_calibrated(args, sc, None, repairs)
+
         reading = _progress_factory(0, unit="B", unit_scale=True, desc="reading")
         try:
             events, runs = load_records(args.events, args.sacct, progress=reading[0])
@@ -193,16 +203,55 @@ def cmd_calibrate(args) -> int:
         print("events no class of the scenario explains (left out): " +
               ", ".join(f"{k} x{n}" for k, n in sorted(res["unmatched"].items())))
     print("rates per 1,000 node-days; classes the records cannot tell apart share one rate")
+    return _write_calibrated(args, sc, res, repairs)
+
+
+def _calibrate_repairs(paths: list, field: str) -> dict:
+    """--nodes: the repair steps the nodes' histories show, fitted and printed."""
+    from .repair_records import fit_steps, load_node_dumps, window_of_steps
+
+    steps, problems = load_node_dumps(paths, field)
+    fitted = fit_steps(steps)
+    fitted["window"] = window_of_steps(steps)
+    fitted["unreadable"] = problems
+    print(f"repair histories: {len(steps):,} repair steps in {fitted['incidents']:,} incidents"
+          + (f" ({fitted['window'][0]} to {fitted['window'][1]})" if fitted["window"] else ""))
+    print(f"{'step':<10} {'steps':>6} {'cured':>6} {'failed':>7} {'pending':>8} {'success':>8} {'95 % CI':>12} "
+          f"{'durations':>10} {'median min':>11} {'p90 min':>8}")
+    for action, row in fitted["actions"].items():
+        ci = f"{row['ci95'][0]:.2f}-{row['ci95'][1]:.2f}" if row["ci95"] else "-"
+        ok = f"{row['success']:.3f}" if row["success"] is not None else "-"
+        d = row.get("duration_min") or {"median": float("nan"), "p90": float("nan")}
+        print(f"{action:<10} {row['steps']:>6} {row['cured']:>6} {row['failed']:>7} {row['pending']:>8} {ok:>8} "
+              f"{ci:>12} {row['durations']:>10} {d['median']:>11.1f} {d['p90']:>8.1f}")
+    if fitted["need"]:
+        print("the lowest step that cured each class: " + ", ".join(f"{c} {a}" for c, a in fitted["need"].items()))
+    if problems:
+        print(f"{len(problems)} node histories could not be read (left out); the first: {problems[0]}")
+    return fitted
+
+
+def _write_calibrated(args, sc: dict, res: dict | None, repairs: dict | None) -> int:
+    import copy
+
+    from .calibrate import calibrated_raw
+    from .repair_records import calibrated_repairs
+
     if args.out:
         import yaml
 
         from .report import _atomic_write
 
-        doc = calibrated_raw(sc, res)
+        doc = calibrated_raw(sc, res) if res is not None else copy.deepcopy(sc["raw"])
+        if repairs is not None:
+            calibrated_repairs(doc, repairs, repairs["window"])
         scn.validate(doc, args.out)  # what is written loads
         _atomic_write(Path(args.out), yaml.safe_dump(doc, sort_keys=False, width=118).encode())
         print(f"wrote {args.out}")
-    _emit_json(args.json, res)
+    out = dict(res or {})
+    if repairs is not None:
+        out["repairs"] = repairs
+    _emit_json(args.json, out)
     return 0
 
 
@@ -474,6 +523,12 @@ def main(argv=None) -> int:
     c.add_argument("--events", help="sacctmgr -P show event format=Cluster,NodeName,TimeStart,TimeEnd,State,"
                                     "Reason,User (a file)")
     c.add_argument("--sacct", help="sacct --json, or sacct -P -X --format=JobID,State,NNodes,Start,End (a file)")
+    c.add_argument("--nodes", action="append", metavar="FILE",
+                   help="Slurm's node records holding the repair histories: scontrol show node --json (one document, "
+                        "or one a line: dumps taken over time), sinfo --json (22.05) or scontrol -o show node; "
+                        "repeat for more files")
+    c.add_argument("--history-field", choices=("extra", "comment"), default="extra",
+                   help="the node field the repair history is kept in (node_repair's history_field; default extra)")
     c.add_argument("--holdout", type=float, help="fit on the earlier records, predict the last share (e.g. 0.33)")
     c.add_argument("--out", help="write the calibrated scenario (YAML) here")
     c.add_argument("--json", help="write the fit as JSON to PATH, or - for stdout")

@@ -8,7 +8,11 @@
   by a crash (``NODE_FAIL``; ``FAILED`` for a fault of the job's own software), a drain's requeue (``REQUEUED``),
   the end of the work (``COMPLETED``) or the end of the horizon (``RUNNING``).
 
-``gpufleet-sim calibrate`` reads both back, so calibrating an exported run can be checked against the scenario that
+* ``nodes.jsonl``: the nodes' repair histories as Slurm's node records hold them (the ``Extra`` field), one
+  ``scontrol show node NAME --json`` document a line, written at each change of a node's history: what a site's
+  dumps of its node records (a cron job appending ``scontrol show node --json | jq -c .``) show, taken often.
+
+``gpufleet-sim calibrate`` reads them back, so calibrating an exported run can be checked against the scenario that
 made it (tests/unit/simulator/test_calibrate.py: the coverage test).
 """
 
@@ -51,10 +55,22 @@ def sacct_json(sim) -> dict:
     return {"jobs": jobs, "meta": {"plugin": {"name": "gpufleet-sim export"}}}
 
 
+def nodes_jsonl(history_log) -> str:
+    """One ``scontrol show node NAME --json`` document a line for each write of a node's repair history."""
+    lines = []
+    for _at, name, text in history_log or ():
+        lines.append(json.dumps({"nodes": [{"name": name, "extra": text}], "errors": []}, separators=(",", ":")))
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
 def export_history(sim, out: Path) -> dict:
-    """Write the run's records into ``out`` (created if missing); the paths written."""
+    """Write the run's records into ``out`` (created if missing); the paths written. The nodes' repair histories
+    are there when the run kept them (``sim.vslurm.history_log``, set before the run)."""
     out = Path(out)
     files = {"events": out / "events.txt", "sacct": out / "sacct.json"}
     _atomic_write(files["events"], events_text(sim.vslurm.events).encode())
     _atomic_write(files["sacct"], (json.dumps(sacct_json(sim), indent=1) + "\n").encode())
+    if sim.vslurm.history_log is not None:
+        files["nodes"] = out / "nodes.jsonl"
+        _atomic_write(files["nodes"], nodes_jsonl(sim.vslurm.history_log).encode())
     return files

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Callable, Dict, Iterable, List, Optional
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import NodeState
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.history import dumps
 
 DRAIN = frozenset({"DRAIN"})
 NO_FLAGS: frozenset = frozenset()
@@ -34,6 +35,9 @@ class VirtualSlurm:
         #: node events as slurmdbd keeps them: [node, start, end (None: still out), state, reason, user]
         self.events: List[list] = []
         self._open: Dict[str, list] = {}
+        #: every write of a node's repair history as (time, node, its text in Slurm's field) when a list
+        #: (``--export-history`` sets it: what a site's dumps of its node records would show); None keeps nothing
+        self.history_log: Optional[List[tuple]] = None
 
     def _event(self, name: str, state: str, reason: str, user: str, now: float) -> None:
         """A node went out of service, or its reason changed while out: the open event ends, a new one begins."""
@@ -110,3 +114,5 @@ class VirtualSlurm:
     def history(self, sl: NodeState, history) -> None:
         """A body wrote the node's repair history back to its Slurm field (``Extra``), as ``repair_step`` does."""
         sl.history = history
+        if self.history_log is not None:
+            self.history_log.append((self.clock(), sl.name, "" if history is None else dumps(history)))
