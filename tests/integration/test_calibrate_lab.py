@@ -5,9 +5,11 @@
 A lab of this module's own runs with real accounting (MariaDB from Debian's packages and the release's slurmdbd,
 started and stopped by the lab script like its other daemons). The test makes a short history: a job that
 completes, a job whose node dies (its slurmd killed: Slurm marks the node DOWN "Not responding" and ends the job
-NODE_FAIL), and the real agent draining a node on a replayed kernel-log capture of Xid 79. It then reads Slurm's
-own records the way a site would (``sacct --json``, ``sacctmgr -P show event``) and checks that ``calibrate``
-counts exactly what the test did, on both Slurm releases.
+NODE_FAIL), the real agent draining a node on a replayed kernel-log capture of Xid 79, and that node's repair
+history written into its Extra field through the Slurm adapter as ``repair_step`` writes it (a reset that failed, a
+reboot that cured). It then reads Slurm's own records the way a site would (``sacct --json``, ``sacctmgr -P show
+event``, the release's node JSON after each history write and ``scontrol -o show node``) and checks that
+``calibrate`` counts exactly what the test did, on both Slurm releases.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.history import History, dumps
+from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm.cli import SlurmClient
 from support.labs import running_lab
 
 pytestmark = pytest.mark.lab
@@ -116,12 +120,20 @@ def _round_trip(lab, tmp_path):
     json.loads(sacct)  # it is JSON
     (tmp_path / "sacct.json").write_text(sacct)
 
+    jsonl, text_dump = _repair_history_round(lab, drained, tmp_path)
     cal = subprocess.run(SIM + ["calibrate", str(SCENARIO), "--events", str(tmp_path / "events.txt"),
-                                "--sacct", str(tmp_path / "sacct.json"), "--out", str(tmp_path / "site.yaml"),
-                                "--json", str(tmp_path / "fit.json")],
+                                "--sacct", str(tmp_path / "sacct.json"), "--nodes", str(jsonl),
+                                "--out", str(tmp_path / "site.yaml"), "--json", str(tmp_path / "fit.json")],
                          capture_output=True, text=True, timeout=300, check=False, cwd=REPO / "simulator")
     assert cal.returncode == 0, cal.stdout + cal.stderr
     fit = json.loads((tmp_path / "fit.json").read_text())
+    _check_repairs(fit["repairs"], jsonl.read_text(), durations=1)  # the failed reset's proof was in a dump
+    text_only = subprocess.run(SIM + ["calibrate", str(SCENARIO), "--nodes", str(text_dump), "--json", "-"],
+                               capture_output=True, text=True, timeout=300, check=False, cwd=REPO / "simulator")
+    assert text_only.returncode == 0, text_only.stdout + text_only.stderr
+    # the last dump alone: the closed incident's steps and class from the history's recent lists, no proof times
+    _check_repairs(json.loads(text_only.stdout[text_only.stdout.index("{"):])["repairs"], text_dump.read_text(),
+                   durations=0)
     counts = {key: g["count"] for key, g in fit["groups"].items()}
     xid79 = [key for key in counts if key.startswith("xid79")]
     records = (tmp_path / "events.txt").read_text()
@@ -133,3 +145,41 @@ def _round_trip(lab, tmp_path):
     site = (tmp_path / "site.yaml").read_text()
     assert "kind: site" in site and "count: 1" in site
     print(cal.stdout)
+
+
+def _repair_history_round(lab, node: str, tmp_path: Path) -> tuple[Path, Path]:
+    """An incident's repair history written on ``node`` as ``repair_step`` writes it (the Slurm adapter's
+    ``set_history``, into Extra): a GPU fell off the bus, a reset failed, a reboot cured it. Slurm's node records are
+    dumped after each write as a site's cron job would (the adapter's JSON for the release: ``scontrol show node
+    --json`` on 23.02 and later, ``sinfo --json`` on 22.05), one a line, and once as ``scontrol -o show node``."""
+    client = SlurmClient(env=lab.env, backend="cli")
+    dump = ["scontrol", "show", "node", "--json"] if client.version_info()[:2] >= (23, 2) else ["sinfo", "--json"]
+    now = int(time.time())
+    h = History()
+    h.open("gpu_lost", "xid79", 0, now - 3600)
+    h.start("reset_gpu", now - 3500)
+    h.ran(now - 3400)
+    h.finish("failed")
+    texts = [dumps(h)]
+    h.start("reboot", now - 3000)
+    texts.append(dumps(h))
+    h.settle("ok", now - 2000, cooldown_s=600)
+    texts.append(dumps(h))
+    lines = []
+    for text in texts:
+        client.set_history(node, "extra", text)
+        lines.append(json.dumps(json.loads(lab.run(*dump).stdout)))
+    jsonl = tmp_path / "nodes.jsonl"
+    jsonl.write_text("\n".join(lines) + "\n")
+    text_dump = tmp_path / "nodes.txt"
+    text_dump.write_text(lab.run("scontrol", "-o", "show", "node").stdout)
+    return jsonl, text_dump
+
+
+def _check_repairs(rep: dict, records: str, durations: int) -> None:
+    """What calibrate read of the history the test wrote: one incident, its reset failed, its reboot cured it."""
+    acts = rep["actions"]
+    assert rep["incidents"] == 1 and rep["need"] == {"gpu_lost": "reboot"}, (rep, records[-2000:])
+    assert (acts["reset_gpu"]["failed"], acts["reset_gpu"]["cured"]) == (1, 0), (acts, records[-2000:])
+    assert (acts["reboot"]["cured"], acts["reboot"]["failed"]) == (1, 0), (acts, records[-2000:])
+    assert acts["reset_gpu"]["durations"] == durations and not rep["unreadable"], rep
