@@ -212,6 +212,15 @@ def test_reading_reports_its_progress_in_bytes(tmp_path, monkeypatch, truth):
     assert events == plain[0] and list(runs) == list(plain[1]) and len(runs) > 0
 
 
+def _fit_one_job(sc, brain, events, state: str, nodes: int, start: tuple, end: tuple) -> dict:
+    """``fit`` of ``events`` beside one job of ``nodes`` nodes that ran from ``start`` to ``end`` (UTC tuples)."""
+    job = {"job_id": 1, "state": {"current": [state]}, "allocation_nodes": nodes,
+           "time": {"start": calendar.timegm(start), "end": calendar.timegm(end)}}
+    runs = cal.read_sacct(json.dumps({"jobs": [job]}), "s")
+    t0, t1 = cal.window_of(events, runs)
+    return cal.fit(sc, brain, events, runs, t0, t1)
+
+
 def test_states_as_real_slurm_writes_them_count(truth):
     """The lab round trip found it: sacctmgr writes a node that stopped responding as ``DOWN*`` and a drained idle
     node as ``IDLE+DRAIN``; both are out of service by the leaf's rule and count (a cold start does not)."""
@@ -220,11 +229,7 @@ def test_states_as_real_slurm_writes_them_count(truth):
                               "lab|node1|2026-01-01T00:00:00|2026-01-01T00:00:02|UNK|cold-start|root(0)",
                               "lab|node1|2026-01-01T02:00:00|Unknown|DOWN*|Not responding|root(0)",
                               "lab|node2|2026-01-01T03:00:00|Unknown|IDLE+DRAIN|gpufleet: xid79 gpu3|root(0)"], "e")
-    job = {"job_id": 1, "state": {"current": ["NODE_FAIL"]}, "allocation_nodes": 2,
-           "time": {"start": calendar.timegm((2026, 1, 1, 0, 0, 0)), "end": calendar.timegm((2026, 1, 2, 0, 0, 0))}}
-    runs = cal.read_sacct(json.dumps({"jobs": [job]}), "s")
-    t0, t1 = cal.window_of(events, runs)
-    res = cal.fit(sc, brain, events, runs, t0, t1)
+    res = _fit_one_job(sc, brain, events, "NODE_FAIL", 2, (2026, 1, 1, 0, 0, 0), (2026, 1, 2, 0, 0, 0))
     counts = {k: g["count"] for k, g in res["groups"].items()}
     assert counts["Not responding"] == 1 and counts["xid79"] == 1, counts
     assert not res["unmatched"], res["unmatched"]
@@ -235,11 +240,7 @@ def test_the_last_record_is_inside_the_window(truth):
     counts (the lab round trip found it left out)."""
     sc, brain, _rates = truth
     events = cal.read_events([HEADER, "lab|node1|2026-01-01T02:00:00|Unknown|DOWN*|Not responding|root(0)"], "e")
-    job = {"job_id": 1, "state": {"current": ["NODE_FAIL"]}, "allocation_nodes": 1,
-           "time": {"start": calendar.timegm((2026, 1, 1, 0, 0, 0)), "end": calendar.timegm((2026, 1, 1, 2, 0, 0))}}
-    runs = cal.read_sacct(json.dumps({"jobs": [job]}), "s")
-    t0, t1 = cal.window_of(events, runs)
-    res = cal.fit(sc, brain, events, runs, t0, t1)
+    res = _fit_one_job(sc, brain, events, "NODE_FAIL", 1, (2026, 1, 1, 0, 0, 0), (2026, 1, 1, 2, 0, 0))
     assert res["groups"]["Not responding"]["count"] == 1 and res["interruptions"] == 1
 
 
@@ -258,11 +259,7 @@ def test_a_node_out_of_service_is_one_episode_whatever_slurmdbd_splits_it_into(t
     eps = cal.episodes(events)
     assert [(e.node, e.reason, e.end - e.start if e.end else None) for e in eps] == [
         ("node2", "gpufleet: xid79 gpu3", 2 * 3600.0), ("node2", "Not responding", None)]
-    job = {"job_id": 1, "state": {"current": ["COMPLETED"]}, "allocation_nodes": 1,
-           "time": {"start": calendar.timegm((2026, 1, 1, 0, 0, 0)), "end": calendar.timegm((2026, 1, 2, 0, 0, 0))}}
-    runs = cal.read_sacct(json.dumps({"jobs": [job]}), "s")
-    t0, t1 = cal.window_of(events, runs)
-    res = cal.fit(sc, brain, events, runs, t0, t1)
+    res = _fit_one_job(sc, brain, events, "COMPLETED", 1, (2026, 1, 1, 0, 0, 0), (2026, 1, 2, 0, 0, 0))
     counts = {k: g["count"] for k, g in res["groups"].items()}
     assert counts["xid79"] == 1 and counts["Not responding"] == 1, counts
     assert res["groups"]["xid79"]["mean_out_days"] == pytest.approx(2 / 24)
