@@ -208,6 +208,10 @@ fi
         varfile = self.tmp / f"vars-{self.runs}.json"
         varfile.write_text(json.dumps(ev))
         env = dict(os.environ, **self._envvars())
+        # a run started this way may be killed, and a killed module leaves its payload directory: in the test's own
+        # temporary directory (pytest's to clean), not the machine's /tmp
+        env["TMPDIR"] = str(self.tmp / "tmp")
+        (self.tmp / "tmp").mkdir(exist_ok=True)
         return subprocess.Popen([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,",
                                  str(REPO / "playbooks" / "repair.yml"), "-e", f"@{varfile}"], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
