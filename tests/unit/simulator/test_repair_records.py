@@ -129,8 +129,8 @@ def test_the_calibrated_scenario_takes_the_steps_and_says_where_they_come_from()
                                      "duration_min": {"median": 12.0, "p90": 20.0}}},
               "need": {"gpu_lost": "reboot"}, "incidents": 38}
     doc = rr.calibrated_repairs(raw, fitted, ["2026-01-01T00:00:00Z", "2026-03-01T00:00:00Z"])
-    assert doc["repair"]["actions"]["reboot"] == {"success": 0.75, "duration_min": {"dist": "lognormal",
-                                                                                   "median": 12.0, "p90": 20.0}}
+    lognormal = {"dist": "lognormal", "median": 12.0, "p90": 20.0}
+    assert doc["repair"]["actions"]["reboot"] == {"success": 0.75, "duration_min": lognormal}
     assert doc["estimates"] == []  # no longer a guess to vary
     back = scn.validate(yaml.safe_load(yaml.safe_dump(doc)), "site.yaml")
     assert back["repair"]["actions"]["reboot"]["success"] == 0.75
