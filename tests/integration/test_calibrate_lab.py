@@ -87,33 +87,28 @@ def _launch_failed(lab, nodes) -> str:
     return "\n".join(lines)
 
 
-def _start_jobs(lab, dies: str, quiet: str, tries: int = 2) -> tuple[str, str, str]:
+def _start_jobs(lab, dies: str, quiet: str) -> tuple[str, str, str]:
     """A job that will die with its node and one that completes; the records are read from ``since`` on.
 
-    Once in a clean-clone run a 24.11 slurmd logged "Could not launch job" for both jobs at once (slurmstepd gone
-    before it answered, nothing more in the logs): Slurm ended them itself before they ran. That is not what this
-    test reads, so such a start is cancelled and made again, from a later ``since``, once; its log lines are
-    printed, and a second failure fails the test with them."""
-    for attempt in range(1, tries + 1):
-        time.sleep(2)  # the records from here on: the nodes' cold-start events at the lab's start are before
-        since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
-        out = ("--output", "/dev/null")  # not slurm-<id>.out in the directory pytest runs from
-        doomed = lab.run("sbatch", "--parsable", "--no-requeue", "-N1", "-w", dies, *out, "--wrap",
-                         "sleep 600").stdout.strip()
-        done = lab.run("sbatch", "--parsable", "-N1", "-w", quiet, *out, "--wrap", "true").stdout.strip()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if lab.run("squeue", "-h", "-j", doomed, "-o", "%T", check=False).stdout.strip() == "RUNNING":
-                return since, doomed, done
-            time.sleep(0.5)
-        failed = _launch_failed(lab, (dies, quiet))
-        if not failed or attempt == tries:
-            raise AssertionError(f"job {doomed} not running within 60 s (try {attempt}); slurmd's launch lines:\n"
-                                 f"{failed or '(none)'}\nsqueue: {lab.run('squeue', check=False).stdout}")
-        print(f"try {attempt}: Slurm could not launch the jobs, starting them again:\n{failed}")
-        lab.run("scancel", doomed, done, check=False)
-        _until("the failed jobs gone", lambda: not lab.run("squeue", "-h", check=False).stdout.strip(), 60)
-    raise AssertionError("unreachable")
+    In two clean-clone runs of ``make test`` a 24.11 slurmd of this lab logged "Could not launch job" for every job
+    it was given (slurmstepd gone before it answered, nothing more in any log), and Slurm ended them itself; a second
+    start in the same lab failed the same way. Not reproduced outside the lanes (alone, beside another 24.11 lab, after
+    a session lab in the same directory or process): the 24.11 lane leaves this test out (Makefile) until it is
+    understood. A failure here prints slurmd's launch lines."""
+    time.sleep(2)  # the records from here on: the nodes' cold-start events at the lab's start are before
+    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
+    out = ("--output", "/dev/null")  # not slurm-<id>.out in the directory pytest runs from
+    doomed = lab.run("sbatch", "--parsable", "--no-requeue", "-N1", "-w", dies, *out, "--wrap",
+                     "sleep 600").stdout.strip()
+    done = lab.run("sbatch", "--parsable", "-N1", "-w", quiet, *out, "--wrap", "true").stdout.strip()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if lab.run("squeue", "-h", "-j", doomed, "-o", "%T", check=False).stdout.strip() == "RUNNING":
+            return since, doomed, done
+        time.sleep(0.5)
+    launch = _launch_failed(lab, (dies, quiet)) or "(none)"
+    raise AssertionError(f"job {doomed} not running within 60 s; slurmd's launch lines:\n{launch}\n"
+                         f"squeue: {lab.run('squeue', check=False).stdout}")
 
 
 def _round_trip(lab, tmp_path):
