@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
+import statistics
 import time
 from dataclasses import dataclass
 from typing import IO, Dict, Iterable, List, Optional, Tuple
@@ -215,14 +216,6 @@ def wilson(k: int, n: int, z: float = 1.959964) -> Tuple[float, float]:
     return max(0.0, mid - half), min(1.0, mid + half)
 
 
-def _quantile(xs: List[float], q: float) -> float:
-    xs = sorted(xs)
-    pos = q * (len(xs) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
 def fit_steps(steps: List[StepSeen]) -> dict:
     """Per repair step: attempts and cures, the success probability where the step can cure, proven durations."""
     need: Dict[str, int] = {}
@@ -246,7 +239,9 @@ def fit_steps(steps: List[StepSeen]) -> dict:
                "success": cured / len(able) if able else None, "ci95": [lo, hi] if able else None,
                "durations": len(minutes)}
         if len(minutes) >= MIN_DURATIONS:
-            row["duration_min"] = {"median": _quantile(minutes, 0.5), "p90": _quantile(minutes, 0.9)}
+            # the stdlib's inclusive quantiles: linear between order statistics, as numpy's default
+            row["duration_min"] = {"median": statistics.median(minutes),
+                                   "p90": statistics.quantiles(minutes, n=10, method="inclusive")[8]}
         actions[action] = row
     steps_at = {lv: a for a, lv in LEVEL.items()}
     return {"actions": actions, "need": {c: steps_at[lv] for c, lv in sorted(need.items())},
@@ -263,8 +258,8 @@ def calibrated_repairs(raw: dict, fitted: dict, window: List[str]) -> dict:
     in ``repair.actions`` and a ``sources:`` entry for each; the others are left as they were."""
     actions, sources = scenario_actions(fitted, window)
     if actions:
-        rep = raw.setdefault("repair", {}) if isinstance(raw.get("repair"), dict) or "repair" not in raw else None
-        if rep is None:
+        rep = raw.setdefault("repair", {})
+        if not isinstance(rep, dict):
             raise CalibrationError("the base scenario's repair section is not a mapping")
         acts = rep.setdefault("actions", {})
         for action, fields in actions.items():
