@@ -84,6 +84,8 @@ def _launch_failed(lab, nodes) -> str:
         log = lab.dir / "log" / f"slurmd-{node}.log"
         text = log.read_text(errors="replace") if log.exists() else ""
         lines += [f"{node}: {line}" for line in text.splitlines()[-40:] if "launch" in line.lower()]
+    stepd = lab.dir / "log" / "slurmstepd.log"  # the step daemons' starts and what they wrote to stderr
+    lines += ["slurmstepd.log:"] + (stepd.read_text(errors="replace").splitlines()[-20:] if stepd.exists() else [])
     return "\n".join(lines)
 
 

@@ -433,6 +433,14 @@ if [[ -x "\$hook" ]]; then
 fi
 exit 0
 EOF
+  # slurmd runs slurmstepd through this (slurmd -d): Slurm points slurmstepd's stderr at /dev/null, so a step
+  # daemon that dies before it has read its log settings from slurmd (slurmd: "Can not read return code from
+  # slurmstepd") says why nowhere. Its stderr and one line per start are kept in log/slurmstepd.log instead.
+  write_if_changed "$LAB/bin/slurmstepd" 755 <<EOF || true
+#!/bin/sh
+echo "\$(date +%Y-%m-%dT%H:%M:%S.%N) pid \$\$ start \$*" >>$LAB/log/slurmstepd.log
+exec /usr/sbin/slurmstepd "\$@" 2>>$LAB/log/slurmstepd.log
+EOF
   write_if_changed "$LAB/bin/fake-reboot" 755 <<EOF || true
 #!/usr/bin/env bash
 # Lab RebootProgram: slurmd runs it through system() holding its config lock, so it returns at once and a
@@ -764,7 +772,8 @@ start_slurmd() {
   port=$(slurmd_port "$node")
   port_busy "$port" && die "port $port (slurmd $node) is busy: choose another SLURM_LAB_PORT_BASE"
   mkdir -p "$LAB/spool/$node"
-  daemon /usr/sbin/slurmd -f "$CONF" -N "$node" || die "slurmd $node failed to start; see $LAB/log/slurmd-$node.log"
+  daemon /usr/sbin/slurmd -f "$CONF" -N "$node" -d "$LAB/bin/slurmstepd" ||
+    die "slurmd $node failed to start; see $LAB/log/slurmd-$node.log"
 }
 
 start_slurmrestd() {
