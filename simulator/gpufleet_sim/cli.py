@@ -9,6 +9,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from . import scenario as scn
@@ -141,6 +142,7 @@ def export_runs(sc: dict, policy: dict, seeds: int, out: Path) -> list:
     for seed in range(1, seeds + 1):
         sim = Sim(sc, policy, seed, _brain(sc, policy, {}))
         sim.vslurm.history_log = []
+        sim.vslurm.report_log = []
         sim.run()
         files = export_history(sim, out / policy["name"].replace("/", "_") / f"seed-{seed}")
         written += list(files.values())
@@ -152,19 +154,24 @@ def cmd_calibrate(args) -> int:
     from .calibrate import CalibrationError, fit, holdout, load_records, window_of
 
     sc = scn.load(args.scenario)
-    if not (args.events or args.sacct or args.nodes):
+    prom = args.prometheus or args.prometheus_file
+    if not (args.events or args.sacct or args.nodes or prom):
         print("gpufleet-sim calibrate: give the site's records: --events (sacctmgr -P show event), --sacct "
-              "(sacct --json) and/or --nodes (scontrol show node --json: the repair histories)", file=sys.stderr)
+              "(sacct --json), --nodes (scontrol show node --json: the repair histories) and/or --prometheus "
+              "(the agent's series)", file=sys.stderr)
         return 2
     brain = default_brain(sc)
     repairs = None
+    agent = None
     try:
+        if args.prometheus and args.prometheus_file:
+            raise CalibrationError("--prometheus and --prometheus-file: give one of them")
         if args.nodes:
             repairs = _calibrate_repairs(args.nodes, args.history_field)
-        if not (args.events or args.sacct):
+        if not (args.events or args.sacct or prom):
             if args.holdout:
                 raise CalibrationError("--holdout: the held-out check predicts node events and interruptions; give "
-                                       "--events and/or --sacct")
+                                       "--events, --sacct and/or --prometheus")
             return _write_calibrated(args, sc, None, repairs)
 
         reading = _progress_factory(0, unit="B", unit_scale=True, desc="reading")
@@ -173,7 +180,12 @@ def cmd_calibrate(args) -> int:
         finally:
             if reading[1] is not None:
                 reading[1].close()
-        t0, t1 = window_of(events, runs)
+        span = window_of(events, runs) if (events or len(runs)) else None
+        if prom:
+            agent, span = _agent_records(args, span)
+            if not args.events:  # the agent's episodes are the node events (a site without slurmdbd)
+                events = agent["events"]
+        t0, t1 = span
         if args.holdout:
             if not 0 < args.holdout < 1:
                 raise CalibrationError(f"--holdout: expected a share of the window between 0 and 1, got {args.holdout}")
@@ -203,7 +215,50 @@ def cmd_calibrate(args) -> int:
         print("events no class of the scenario explains (left out): " +
               ", ".join(f"{k} x{n}" for k, n in sorted(res["unmatched"].items())))
     print("rates per 1,000 node-days; classes the records cannot tell apart share one rate")
+    if agent is not None:
+        res["agent"] = {k: v for k, v in agent.items() if k != "events"}
+        _print_agent(agent, bool(args.events))
     return _write_calibrated(args, sc, res, repairs)
+
+
+def _agent_records(args, span):
+    """--prometheus / --prometheus-file: the agent's episodes (as node events) and Xid lines, and the window."""
+    from . import prom_records as pr
+    from .calibrate import CalibrationError, _epoch, event_key
+
+    if args.prometheus:
+        t0 = _epoch(args.since, "--since") if args.since else (span[0] if span else None)
+        t1 = _epoch(args.until, "--until") if args.until else (span[1] if span else time.time())
+        if t0 is None:
+            raise CalibrationError("--prometheus: give --since (YYYY-MM-DDTHH:MM:SS, UTC): the window to read")
+        if t1 <= t0:
+            raise CalibrationError(f"--until: expected a time after --since, got {args.until}")
+        if not 0 < args.prometheus_step <= 86400:
+            raise CalibrationError(f"--prometheus-step: expected seconds between 0 and 86400, got "
+                                   f"{args.prometheus_step}")
+        series = pr.load(args.prometheus, None, t0, t1, args.prometheus_step)
+    else:
+        series = pr.load(None, args.prometheus_file, 0.0, 0.0, 0.0)
+        times = [t for s in series for t, _x in (s.values[:1] + s.values[-1:])]
+        if not times and not span:
+            raise CalibrationError(f"{args.prometheus_file}: no samples of the agent's series")
+        t0, t1 = span if span else (min(times), max(times) + 1.0)
+    events = pr.episodes(series)
+    keys: dict = {}
+    for e in events:
+        if t0 <= e.start < t1:
+            k = event_key(e.reason)
+            keys[k] = keys.get(k, 0) + 1
+    return {"events": events, "episodes": keys, "xid_lines": pr.xid_counts(series, t0, t1, 2 * args.prometheus_step),
+            "series": len(series), "window": [t0, t1]}, (t0, t1)
+
+
+def _print_agent(agent: dict, side_by_side: bool) -> None:
+    eps = ", ".join(f"{k} x{n}" for k, n in sorted(agent["episodes"].items())) or "none"
+    xids = ", ".join(f"Xid {k} x{n:g}" for k, n in sorted(agent["xid_lines"].items())) or "none"
+    what = "beside Slurm's events (the rates above are Slurm's)" if side_by_side else "(the events above)"
+    print(f"the agent's series ({agent['series']} series): unhealthy episodes {what}: {eps}; kernel-log Xid lines: "
+          f"{xids}")
 
 
 def _calibrate_repairs(paths: list, field: str) -> dict:
@@ -516,7 +571,8 @@ def main(argv=None) -> int:
     r.add_argument("--json", help="write the JSON result to PATH, or - for stdout")
     r.add_argument("--export-history", metavar="DIR",
                    help="also write each seed of the first policy as a cluster's records (sacctmgr events, sacct "
-                        "JSON) into DIR/<policy>/seed-<n>/, for gpufleet-sim calibrate")
+                        "JSON, node dumps with the repair histories, the agent's series) into "
+                        "DIR/<policy>/seed-<n>/, for gpufleet-sim calibrate")
     r.set_defaults(fn=cmd_run)
     c = sub.add_parser("calibrate", help="fit the scenario's failure rates to the site's own Slurm records")
     c.add_argument("scenario", help="the base scenario (classes, their kernel-log lines, the fleet's size)")
@@ -529,6 +585,16 @@ def main(argv=None) -> int:
                         "repeat for more files")
     c.add_argument("--history-field", choices=("extra", "comment"), default="extra",
                    help="the node field the repair history is kept in (node_repair's history_field; default extra)")
+    c.add_argument("--prometheus", metavar="URL",
+                   help="a Prometheus server holding the agent's series (http://host:9090): its unhealthy episodes "
+                        "are the node events when --events is not given, and are printed beside them when it is")
+    c.add_argument("--prometheus-file", metavar="FILE",
+                   help="the same from saved query_range answers (JSON lines; run --export-history writes one)")
+    c.add_argument("--since", help="--prometheus: the window's start, YYYY-MM-DDTHH:MM:SS UTC (default: the "
+                                   "Slurm records' first)")
+    c.add_argument("--until", help="--prometheus: the window's end (default: the Slurm records' last, else now)")
+    c.add_argument("--prometheus-step", type=float, default=60.0,
+                   help="--prometheus: seconds between samples asked for (default 60; the agent's timer is 5 min)")
     c.add_argument("--holdout", type=float, help="fit on the earlier records, predict the last share (e.g. 0.33)")
     c.add_argument("--out", help="write the calibrated scenario (YAML) here")
     c.add_argument("--json", help="write the fit as JSON to PATH, or - for stdout")

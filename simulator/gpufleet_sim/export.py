@@ -12,6 +12,12 @@
   ``scontrol show node NAME --json`` document a line, written at each change of a node's history: what a site's
   dumps of its node records (a cron job appending ``scontrol show node --json | jq -c .``) show, taken often.
 
+* ``series.jsonl``: the agent's series as Prometheus keeps them, one ``query_range`` result a line
+  (``{"metric": {"__name__": ..., labels}, "values": [[time, "value"], ...]}``): ``gpufleet_health_verdict``
+  (``verdict="unhealthy"``: 1 or 0), ``gpufleet_health_drain_requested`` and ``gpufleet_health_finding`` (one series
+  per finding, with the agent's labels), sampled at each report the simulated agent made (at a fault's detection
+  and at each repair's verification), as a Prometheus that scraped at those moments would hold them.
+
 ``gpufleet-sim calibrate`` reads them back, so calibrating an exported run can be checked against the scenario that
 made it (tests/unit/simulator/test_calibrate.py: the coverage test).
 """
@@ -63,6 +69,37 @@ def nodes_jsonl(history_log) -> str:
     return "\n".join(lines) + ("\n" if lines else "")
 
 
+def series_jsonl(report_log) -> str:
+    """The agent's series (verdict, drain request, findings) at each report of ``report_log``, one series a line."""
+    verdict: dict = {}
+    drain: dict = {}
+    findings: dict = {}
+    for at, name, rep in report_log or ():
+        t = round(float(at), 3)
+        verdict.setdefault(name, []).append([t, "1" if rep.get("verdict") == "unhealthy" else "0"])
+        drain.setdefault(name, []).append([t, "1" if rep.get("drain") else "0"])
+        for f in rep.get("findings") or ():
+            if f.get("severity") == "info":
+                continue
+            labels = (name, f.get("check") or "", f.get("code") or "",
+                      "" if f.get("gpu") is None else str(f["gpu"]),
+                      f.get("severity") or "", f.get("action") or "none")
+            findings.setdefault(labels, []).append([t, "1"])
+    def samples(values: list) -> list:  # one sample a time, in time order (a later report at one time wins)
+        return sorted(dict(values).items())
+
+    lines = []
+    for name, values in verdict.items():
+        lines.append({"metric": {"__name__": "gpufleet_health_verdict", "node": name, "verdict": "unhealthy"},
+                      "values": samples(values)})
+        lines.append({"metric": {"__name__": "gpufleet_health_drain_requested", "node": name},
+                      "values": samples(drain[name])})
+    for (name, check, code, gpu, severity, action), values in findings.items():
+        lines.append({"metric": {"__name__": "gpufleet_health_finding", "node": name, "check": check, "code": code,
+                                 "gpu": gpu, "severity": severity, "action": action}, "values": samples(values)})
+    return "".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines)
+
+
 def export_history(sim, out: Path) -> dict:
     """Write the run's records into ``out`` (created if missing); the paths written. The nodes' repair histories
     are there when the run kept them (``sim.vslurm.history_log``, set before the run)."""
@@ -73,4 +110,7 @@ def export_history(sim, out: Path) -> dict:
     if sim.vslurm.history_log is not None:
         files["nodes"] = out / "nodes.jsonl"
         _atomic_write(files["nodes"], nodes_jsonl(sim.vslurm.history_log).encode())
+    if sim.vslurm.report_log is not None:
+        files["series"] = out / "series.jsonl"
+        _atomic_write(files["series"], series_jsonl(sim.vslurm.report_log).encode())
     return files

@@ -38,6 +38,9 @@ class VirtualSlurm:
         #: every write of a node's repair history as (time, node, its text in Slurm's field) when a list
         #: (``--export-history`` sets it: what a site's dumps of its node records would show); None keeps nothing
         self.history_log: Optional[List[tuple]] = None
+        #: every report of the agent as (time, node, the report's dict) when a list (``--export-history``: what
+        #: Prometheus keeps of the agent's series); None keeps nothing
+        self.report_log: Optional[List[tuple]] = None
 
     def _event(self, name: str, state: str, reason: str, user: str, now: float) -> None:
         """A node went out of service, or its reason changed while out: the open event ends, a new one begins."""
@@ -102,6 +105,8 @@ class VirtualSlurm:
     def report(self, sl: NodeState, report: Optional[dict], at: float) -> None:
         """The agent's latest report on the node (what the repair run reads beside Slurm's record)."""
         sl.report, sl.report_time = report, at
+        if self.report_log is not None and report is not None:
+            self.report_log.append((at, sl.name, report))
 
     def jobs(self, sl: NodeState, jobs) -> None:
         """The jobs Slurm shows on the node or named by its eviction (``()`` none; None: not read)."""

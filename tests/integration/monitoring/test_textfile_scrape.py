@@ -16,11 +16,12 @@ AGENT = [sys.executable, "-m", "ansible_collections.gpufleet.reliability.plugins
 XID79 = "[ 7.5] NVRM: Xid (PCI:0000:64:00): 79, pid=1, GPU has fallen off the bus.\n"
 
 
-def run_agent(tmp_path, node, kmsg_text, textfile_dir):
+def run_agent(tmp_path, node, kmsg_text, textfile_dir, *extra):
     kmsg = tmp_path / f"{node}.kmsg"
     kmsg.write_text(kmsg_text)
     argv = AGENT + ["--nvidia-smi-xml", str(CAPTURE), "--kmsg", str(kmsg), "--node", node,
-                    "--textfile", str(textfile_dir), "--state-file", str(tmp_path / f"{node}.state"), "--json"]
+                    "--textfile", str(textfile_dir), "--state-file", str(tmp_path / f"{node}.state"), "--json",
+                    *extra]
     p = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
     assert p.returncode in (0, 2), p.stderr
     return json.loads(p.stdout)
