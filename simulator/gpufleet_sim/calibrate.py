@@ -14,6 +14,10 @@ and an event whose reason is our drain reason for that code (``gpufleet: <code> 
 checks cannot see makes Slurm mark the node DOWN ("Not responding"). Classes that share a code share one fitted rate,
 split in the ratio of their base rates (the records cannot tell them apart; the scenario says so).
 
+A passive check's false positive (the scenario's ``false_positives``) is a drain for its finding's code that the
+first repair step's verification clears: the records cannot tell it from a real fault with that code, so it is
+fitted with the classes that show the code and gets its share of their rate.
+
 Each fitted rate carries its source: ``{kind: site, count, exposure_node_days, window, ci95}`` (an exact Poisson
 interval); a class with no event in the records keeps its base rate, tagged with the records' upper bound.
 ``--holdout F`` fits on the earlier part of the records and predicts the last ``F`` of the window (events per class,
@@ -315,10 +319,19 @@ def event_key(reason: str) -> str:
     return "other"
 
 
+def _node_classes(sc: dict) -> List[dict]:
+    """The base scenario's faults and its false positive (a passive check's drain of a healthy node, which the first
+    repair step's verification clears: in Slurm's records and the agent's series it is a drain for its finding's
+    code, as a real fault with that code is, so it is fitted with the classes that show that code). A scenario whose
+    false-positive rate is 0 says its checks never drain a healthy node: none is fitted."""
+    fp = sc.get("false_positive")
+    return list(sc["faults"]) + ([fp] if fp and fp.get("per_node_h") else [])
+
+
 def class_keys(sc: dict, brain) -> Dict[str, List[str]]:
     """Event key -> the base scenario's node-scope fault classes whose fault shows as that key, by the health rules."""
     keys: Dict[str, List[str]] = {}
-    for f in sc["faults"]:
+    for f in _node_classes(sc):
         if f["scope"] != "node" or f["effect"] != "crash":
             continue  # a job's own faults are read from sacct; a rack's strike many nodes at once
         v = brain.judge(tuple(f["kmsg"])) if f["kmsg"] else brain.healthy_report()
@@ -447,7 +460,7 @@ def fit(sc: dict, brain, events: List[Event], runs: Runs, t0: float, t1: float) 
         counts[k] = counts.get(k, 0) + 1
         if e.end is not None:
             out_days[k] = out_days.get(k, 0.0) + (e.end - e.start) / DAY_S
-    base = {f["name"]: f for f in sc["faults"]}
+    base = {f["name"]: f for f in _node_classes(sc)}
     groups = {}
     for key, names in keys.items():
         k = counts.get(key, 0)
@@ -480,11 +493,14 @@ def calibrated_raw(sc: dict, res: dict) -> dict:
     """The base scenario's raw mapping with each class's rate from the site's records and its source."""
     out = copy.deepcopy(sc["raw"])
     by_name = {f.get("name"): f for f in out.get("faults") or []}
-    base = {f["name"]: f for f in sc["faults"]}
+    base = {f["name"]: f for f in _node_classes(sc)}
     window = [time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)) for t in res["window"]]
     for key, g in res["groups"].items():
         share_base = g["base_rate"]
         for name in g["classes"]:
+            if name == "false_positive":
+                _false_positives(out, g, key, share_base, _per_1000(base[name]), res, window)
+                continue
             f = by_name[name]
             prior = _per_1000(base[name])
             share = prior / share_base if share_base > 0 else 1.0 / len(g["classes"])
@@ -503,6 +519,33 @@ def calibrated_raw(sc: dict, res: dict) -> dict:
                 f["rate_per_1000_node_days"] = round(g["rate"] * share, 6)
             f["source"] = src
     return out
+
+
+FP_PATH = "false_positives.rate_per_1000_node_days"
+
+
+def _false_positives(out: dict, g: dict, key: str, share_base: float, prior: float, res: dict,
+                     window: List[str]) -> None:
+    """The false positives' share of their code's fitted rate, written with a ``sources:`` entry (and no longer an
+    estimate to vary: the site's records bound it), as the classes that share a code are."""
+    if g["count"] == 0:
+        return  # no drain with the code: the base rate and its estimate range stay
+    share = prior / share_base if share_base > 0 else 1.0 / len(g["classes"])
+    fp = out.get("false_positives")
+    fp = dict(fp) if isinstance(fp, dict) else {}
+    fp["rate_per_1000_node_days"] = round(g["rate"] * share, 6)
+    out["false_positives"] = fp
+    src = {"kind": "site", "count": g["count"], "key": key, "window": window,
+           "exposure_node_days": round(g.get("exposure_node_days", res["exposure_node_days"]), 3),
+           "ci95": [round(x * share, 6) for x in g["ci95"]],
+           "why": "drains with the code the false positive shows; the records cannot tell a passive check's false "
+                  "alarm from a real fault with that code: the code's rate split by base rates"}
+    if len(g["classes"]) > 1:
+        src["shared_with"] = [n for n in g["classes"] if n != "false_positive"]
+    out["sources"] = list(out.get("sources") or []) + [{"paths": [FP_PATH], "source": src}]
+    if isinstance(out.get("estimates"), list):
+        out["estimates"] = [e for e in out["estimates"]
+                            if not (isinstance(e, dict) and str(e.get("path", "")).strip() == FP_PATH)]
 
 
 # ---- the held-out check ---------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from gpufleet_sim.export import events_text, sacct_json
 from gpufleet_sim.policies import resolve
 
 TRUTH = Path(__file__).resolve().parents[2] / "fixtures" / "simulator" / "calibration-truth.yaml"
+DEFAULT_1K = Path(__file__).resolve().parents[3] / "simulator" / "scenarios" / "default-1k.yaml"
 SEEDS = 20
 HEADER = "Cluster|NodeName|TimeStart|TimeEnd|State|Reason|User"
 
@@ -263,3 +264,31 @@ def test_a_node_out_of_service_is_one_episode_whatever_slurmdbd_splits_it_into(t
     counts = {k: g["count"] for k, g in res["groups"].items()}
     assert counts["xid79"] == 1 and counts["Not responding"] == 1, counts
     assert res["groups"]["xid79"]["mean_out_days"] == pytest.approx(2 / 24)
+
+
+def test_false_positives_get_their_share_of_the_code_they_show(tmp_path):
+    """default-1k's false positive shows Xid 119, as its GSP class does: the site's Xid 119 drains are split between
+    them by base rates, the false-positive rate is written with a site source and is no longer an estimate."""
+    sc = scn.load(DEFAULT_1K)
+    keys = cal.class_keys(sc, default_brain(sc))
+    assert keys["xid119"] == ["gpu_system_processor", "false_positive"]
+    day = "c|n{0}|2026-01-{1:02d}T00:00:00|2026-01-{1:02d}T01:00:00|DRAIN|gpufleet: {2}|root"
+    lines = [HEADER] + [day.format(i, 1 + i, "xid119 gpu0") for i in range(20)] + [day.format(0, 28, "xid79")]
+    (tmp_path / "events.txt").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "site.yaml"
+    r = subprocess.run([sys.executable, "-m", "gpufleet_sim.cli", "calibrate", str(DEFAULT_1K), "--events",
+                        str(tmp_path / "events.txt"), "--out", str(out), "--json", str(tmp_path / "fit.json")],
+                       capture_output=True, text=True, timeout=300, check=False, cwd=DEFAULT_1K.parents[1])
+    assert r.returncode == 0, r.stdout + r.stderr
+    g = json.loads((tmp_path / "fit.json").read_text())["groups"]["xid119"]
+    doc = yaml.safe_load(out.read_text())
+    gsp = next(f for f in doc["faults"] if f["name"] == "gpu_system_processor")
+    fp = doc["false_positives"]["rate_per_1000_node_days"]
+    prior_fp = sc["false_positive"]["rate_per_1000_node_days"]
+    assert fp == pytest.approx(g["rate"] * prior_fp / g["base_rate"], rel=1e-4)
+    assert fp + gsp["rate_per_1000_node_days"] == pytest.approx(g["rate"], rel=1e-4)
+    (entry,) = [e for e in doc["sources"] if e["paths"] == ["false_positives.rate_per_1000_node_days"]]
+    assert entry["source"]["kind"] == "site" and entry["source"]["count"] == 20
+    assert entry["source"]["shared_with"] == ["gpu_system_processor"]
+    assert not any(e["path"] == "false_positives.rate_per_1000_node_days" for e in doc["estimates"])
+    scn.load(out)  # it still loads
