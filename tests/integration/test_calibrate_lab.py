@@ -185,7 +185,6 @@ def _repair_history_round(lab, node: str, tmp_path: Path) -> tuple[Path, Path]:
     dumped after each write as a site's cron job would (the adapter's JSON for the release: ``scontrol show node
     --json`` on 23.02 and later, ``sinfo --json`` on 22.05), one a line, and once as ``scontrol -o show node``."""
     client = SlurmClient(env=lab.env, backend="cli")
-    dump = ["scontrol", "show", "node", "--json"] if client.version_info()[:2] >= (23, 2) else ["sinfo", "--json"]
     now = int(time.time())
     h = History()
     h.open("gpu_lost", "xid79", 0, now - 3600)
@@ -200,7 +199,7 @@ def _repair_history_round(lab, node: str, tmp_path: Path) -> tuple[Path, Path]:
     lines = []
     for text in texts:
         client.set_history(node, "extra", text)
-        lines.append(json.dumps(json.loads(lab.run(*dump).stdout)))
+        lines.append(lab.node_records())
     jsonl = tmp_path / "nodes.jsonl"
     jsonl.write_text("\n".join(lines) + "\n")
     text_dump = tmp_path / "nodes.txt"

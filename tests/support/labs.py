@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import secrets
 import shutil
@@ -325,6 +326,12 @@ class SlurmLab:
             name, state, reason = line.split("|", 2)
             states[name] = (state, "" if reason == "none" else reason)
         return states
+
+    def node_records(self) -> str:
+        """Slurm's node records as one JSON line, as a site's cron job dumps them for ``gpufleet-sim calibrate
+        --nodes``: ``scontrol show node --json`` (Slurm 23.02 on), ``sinfo --json`` on 22.05."""
+        argv = ["scontrol", "show", "node", "--json"] if self.release != "22.05" else ["sinfo", "--json"]
+        return json.dumps(json.loads(self.run(*argv).stdout), separators=(",", ":"))
 
     def wait_for(self, node: str, want, timeout: float = 30, interval: float = 0.1):
         """Poll until ``node``'s (state, reason) satisfies ``want``: a predicate, a state or a set of states."""

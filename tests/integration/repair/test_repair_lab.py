@@ -1,14 +1,21 @@
 # Copyright (c) gpufleet.reliability contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """End to end in the Slurm lab: the real agent drains a sick node, repair.yml (through ansible-runner, as AWX runs
-it) resets the GPU, reboots through RebootProgram, verifies and resumes; replace + hot spare; foreign drains are
-never touched; a storm trips the breaker; a crash converges; approval mode applies exactly the approved steps."""
+it) resets the GPU, reboots through RebootProgram, verifies and resumes, and ``gpufleet-sim calibrate --nodes``
+reads the history it wrote; replace + hot spare; foreign drains are never touched; a storm trips the breaker; a
+crash converges; approval mode applies exactly the approved steps."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
-from support.repair_lab import wait_until
+from support.repair_lab import REPO, wait_until
+
+SCENARIO = REPO / "simulator" / "scenarios" / "default-1k.yaml"
 
 pytestmark = pytest.mark.lab
 
@@ -41,6 +48,7 @@ def test_reset_then_reboot_then_resume_and_replace_with_spare(repair_lab):
     assert "i" not in h and h["p"].startswith("gm") and "g" in h["r"] and "b" in h["r"], h
     results = [r for art in runs for r in art.get("gpufleet_repair_result", [])]
     assert any(r["node"] == n2 and r["action"] == "reboot" and r["verified"] == "healthy" for r in results), results
+    _calibrate_reads_the_history(rl)
 
     # the foreign drain is exactly as it was
     assert lab.node_states()[n1] == ("drained", "maintenance: dimm swap")
@@ -73,6 +81,23 @@ def test_reset_then_reboot_then_resume_and_replace_with_spare(repair_lab):
         assert (d3["action"], d3["verify"]) == ("wait", False) and len(rl.hook_calls()) == 1, (d3, rl.history(n3))
     assert lab.wait_for(spare, "idle", timeout=20)[0] == "idle"  # idle* for ~1-2 s after a resume
     assert lab.node_states()[n1] == ("drained", "maintenance: dimm swap")
+
+
+def _calibrate_reads_the_history(rl):
+    """What repair.yml wrote into the node's Extra, read back as a site would (a dump of Slurm's node records) by
+    ``gpufleet-sim calibrate --nodes``: one incident of the Xid 48 class, its reset failed, its reboot cured it."""
+    dump = rl.tmp / "nodes.jsonl"
+    dump.write_text(rl.lab.node_records() + "\n")
+    r = subprocess.run([sys.executable, "-m", "gpufleet_sim.cli", "calibrate", str(SCENARIO), "--nodes", str(dump),
+                        "--json", "-"], capture_output=True, text=True, timeout=300, check=False,
+                       cwd=REPO / "simulator")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads(r.stdout[r.stdout.index("{"):])["repairs"]
+    acts = rep["actions"]
+    assert rep["incidents"] == 1 and set(rep["need"].values()) == {"reboot"}, (rep, dump.read_text()[-2000:])
+    assert (acts["reset_gpu"]["failed"], acts["reset_gpu"]["cured"]) == (1, 0), acts
+    assert (acts["reboot"]["cured"], acts["reboot"]["failed"]) == (1, 0), acts
+    assert not rep["unreadable"], rep
 
 
 def test_storm_trips_the_breaker_and_limits_the_blast_radius(repair_lab):
