@@ -157,6 +157,24 @@ class Runs:
             return 0
         return sum(1 for st, e in zip(self.state, self.end) if st in want and t0 <= e < t1)
 
+    def sizes(self, t0: float, t1: float) -> dict:
+        """The jobs' sizes in [t0, t1): runs, the largest, and the share of node-days by size (nodes) - what a site
+        reads before it sets the scenario's ``jobs`` (sacct shows no checkpoint settings: those stay the scenario's)."""
+        edges = (1, 8, 32, 128, 512, 2048)
+        days = [0.0] * (len(edges) + 1)
+        largest = runs = 0
+        for a, b, n in zip(self.start, self.end, self.nodes):
+            dt = (b if b < t1 else t1) - (a if a > t0 else t0)
+            if dt <= 0:
+                continue
+            runs += 1
+            largest = max(largest, n)
+            days[sum(1 for e in edges if n > e)] += n * dt / DAY_S
+        total = sum(days)
+        names = ["1"] + [f"{lo + 1}-{hi}" for lo, hi in zip(edges, edges[1:])] + [f">{edges[-1]}"]
+        return {"runs": runs, "largest_nodes": largest,
+                "node_days_share": {k: round(d / total, 4) for k, d in zip(names, days) if d} if total else {}}
+
     def node_days(self, t0: float, t1: float) -> float:
         """Node-days of jobs running between t0 and t1."""
         total = 0.0
@@ -481,7 +499,8 @@ def fit(sc: dict, brain, events: List[Event], runs: Runs, t0: float, t1: float) 
     unknown = {k: n for k, n in counts.items() if k not in keys}
     crashes = runs.ended(CRASH_STATES, t0, t1)
     return {"window": [t0, t1], "exposure_node_days": expo, "exposure": expo_what, "groups": groups,
-            "unmatched": unknown, "interruptions": crashes, "job_node_days": runs.node_days(t0, t1)}
+            "unmatched": unknown, "interruptions": crashes, "job_node_days": runs.node_days(t0, t1),
+            "jobs": runs.sizes(t0, t1)}
 
 
 def _per_1000(fault: dict) -> float:

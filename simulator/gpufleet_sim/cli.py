@@ -215,6 +215,11 @@ def cmd_calibrate(args) -> int:
         print("events no class of the scenario explains (left out): " +
               ", ".join(f"{k} x{n}" for k, n in sorted(res["unmatched"].items())))
     print("rates per 1,000 node-days; classes the records cannot tell apart share one rate")
+    jobs = res["jobs"]
+    if jobs["runs"]:
+        shares = ", ".join(f"{k} nodes {v:.0%}" for k, v in jobs["node_days_share"].items())
+        print(f"jobs: {jobs['runs']:,} runs, the largest on {jobs['largest_nodes']:,} nodes; node-days by job size: "
+              f"{shares} (set the scenario's jobs from these; sacct shows no checkpoint settings)")
     if agent is not None:
         res["agent"] = {k: v for k, v in agent.items() if k != "events"}
         _print_agent(agent, bool(args.events))

@@ -292,3 +292,17 @@ def test_false_positives_get_their_share_of_the_code_they_show(tmp_path):
     assert entry["source"]["shared_with"] == ["gpu_system_processor"]
     assert not any(e["path"] == "false_positives.rate_per_1000_node_days" for e in doc["estimates"])
     scn.load(out)  # it still loads
+
+
+def test_job_sizes_are_node_days_by_size_inside_the_window():
+    runs = cal.Runs()
+    runs.add("COMPLETED", 1, 0, 86400)
+    runs.add("COMPLETED", 116, 0, 86400)
+    runs.add("NODE_FAIL", 600, 0, 43200)
+    runs.add("COMPLETED", 4, 200000, 300000)  # after the window
+    got = runs.sizes(0, 100000)
+    assert (got["runs"], got["largest_nodes"]) == (3, 600)
+    total = 1 + 116 + 300
+    assert got["node_days_share"] == {"1": round(1 / total, 4), "33-128": round(116 / total, 4),
+                                      "513-2048": round(300 / total, 4)}
+    assert cal.Runs().sizes(0, 1) == {"runs": 0, "largest_nodes": 0, "node_days_share": {}}
