@@ -33,7 +33,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from typing import IO, Any, Dict, Iterable, List, Optional, Tuple
+from typing import IO, Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.health.report import Finding, Report
 
@@ -122,20 +122,24 @@ def _answer(doc: Any, where: str, name: Optional[str] = None) -> List[Series]:
     return [_series(doc, where, name)]
 
 
+def _parse(text: Union[str, bytes], where: str, name: Optional[str] = None) -> List[Series]:
+    """The series of one answer's text, bounded and checked."""
+    if len(text) > MAX_ANSWER:
+        raise PromError(f"{where}: an answer longer than {MAX_ANSWER} bytes")
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise PromError(f"{where}: not JSON ({str(e)[:80]})") from None
+    return _answer(doc, where, name)
+
+
 def read_series_file(fh: IO[str], source: str = "series") -> List[Series]:
     """JSON lines of saved answers (see the module's text)."""
     out: List[Series] = []
     for n, line in enumerate(fh, start=1):
         if not line.strip():
             continue
-        where = f"{source}: line {n}"
-        if len(line) > MAX_ANSWER:
-            raise PromError(f"{where}: longer than {MAX_ANSWER} characters")
-        try:
-            doc = json.loads(line)
-        except ValueError as e:
-            raise PromError(f"{where}: not JSON ({str(e)[:80]})") from None
-        out += _answer(doc, where)
+        out += _parse(line, f"{source}: line {n}")
     return out
 
 
@@ -162,13 +166,7 @@ def query_range(base: str, query: str, start: float, end: float, step: float, ti
                 raise PromError(f"{where}: HTTP {e.code}") from None
         except (urllib.error.URLError, OSError) as e:
             raise PromError(f"{where}: cannot reach the server: {getattr(e, 'reason', e)}") from None
-        if len(body) > MAX_ANSWER:
-            raise PromError(f"{where}: an answer longer than {MAX_ANSWER} bytes")
-        try:
-            doc = json.loads(body)
-        except ValueError as e:
-            raise PromError(f"{where}: the answer is not JSON ({str(e)[:80]})") from None
-        for s in _answer(doc, where, name):
+        for s in _parse(body, where, name):
             key = (s.name, tuple(sorted(s.labels.items())))
             have = out.get(key)
             if have is None:

@@ -14,6 +14,7 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import 
     expand_hostlist_local,
     parse_nodes_json,
 )
+from support.loopback_http import LoopbackJSON
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "slurm"
 
@@ -80,39 +81,17 @@ def test_local_hostlist_expansion():
         expand_hostlist_local("gpu[3-1]")
 
 
-class _Slurmrestd:
-    """A loopback HTTP server that answers GET /slurm/<v>/nodes from a list of (status, body), then the last one."""
+class _Slurmrestd(LoopbackJSON):
+    """A loopback HTTP server that answers GET /slurm/<v>/nodes from a list of (status, body), then the last one;
+    ``requests`` keeps (path, X-SLURM-USER-TOKEN) of each."""
 
     def __init__(self, answers):
-        import http.server
-        import threading
+        self.answers = list(answers)
+        super().__init__(lambda _path, _headers: self.answers.pop(0) if len(self.answers) > 1 else self.answers[0])
 
-        self.answers, self.requests = list(answers), []
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 - the http.server name
-                outer.requests.append((self.path, self.headers.get("X-SLURM-USER-TOKEN")))
-                status, body = outer.answers.pop(0) if len(outer.answers) > 1 else outer.answers[0]
-                data = body.encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
+    @property
+    def tokens(self):
+        return [(path, headers.get("X-SLURM-USER-TOKEN")) for path, headers in self.requests]
 
 
 def rest_plugin(url, retries):
@@ -129,7 +108,7 @@ def test_rest_source_tries_a_gateway_error_again_and_then_reads_the_nodes():
     finally:
         server.close()
     assert len(server.requests) == 2
-    assert server.requests[0] == ("/slurm/v0.0.42/nodes", "t0k")
+    assert server.tokens[0] == ("/slurm/v0.0.42/nodes", "t0k")
     assert sorted(r["name"] for r in records) == sorted(parse_nodes_json(good))
 
 

@@ -6,12 +6,10 @@ class, as Slurm's events show them. The HTTP client is checked against a loopbac
 does (the monitoring lane reads a real Prometheus: tests/integration/monitoring/test_calibrate_prometheus.py).
 Hostile answers are refused naming the line or query and the field.
 """
-import http.server
 import io
 import json
 import subprocess
 import sys
-import threading
 import urllib.parse
 from collections import Counter
 from pathlib import Path
@@ -26,6 +24,7 @@ from gpufleet_sim.brain import default_brain
 from gpufleet_sim.engine import Sim
 from gpufleet_sim.export import events_text, series_jsonl
 from gpufleet_sim.policies import resolve
+from support.loopback_http import LoopbackJSON
 
 TRUTH = Path(__file__).resolve().parents[2] / "fixtures" / "simulator" / "calibration-truth.yaml"
 SIMDIR = Path(__file__).resolve().parents[3] / "simulator"
@@ -151,52 +150,36 @@ def test_a_genuine_answer_is_read():
 
 
 # ---- the HTTP API ----------------------------------------------------------------------------------------------------
-class _Prom(http.server.BaseHTTPRequestHandler):
-    """Answers query_range as Prometheus does: the samples of one series at each step inside [start, end]."""
-
-    asked: list = []
-
-    def do_GET(self):  # noqa: N802 - the stdlib's name
-        url = urllib.parse.urlsplit(self.path)
-        q = dict(urllib.parse.parse_qsl(url.query))
-        type(self).asked.append(q)
-        if url.path != "/api/v1/query_range" or q["query"] == "bad(":
-            body, code = {"status": "error", "errorType": "bad_data", "error": "parse error at char 5"}, 400
-        else:
-            start, end, step = float(q["start"]), float(q["end"]), float(q["step"])
-            n = int((end - start) // step) + 1
-            values = [[start + i * step, "1"] for i in range(n)]
-            body, code = {"status": "success", "data": {"resultType": "matrix", "result": [
-                {"metric": {"__name__": pr.VERDICT, "node": "n1", "verdict": "unhealthy"}, "values": values}]}}, 200
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+def _answer(path, _headers):
+    """query_range as Prometheus answers it: the samples of one series at each step inside [start, end]."""
+    url = urllib.parse.urlsplit(path)
+    q = dict(urllib.parse.parse_qsl(url.query))
+    if url.path != "/api/v1/query_range" or q["query"] == "bad(":
+        return 400, json.dumps({"status": "error", "errorType": "bad_data", "error": "parse error at char 5"})
+    start, end, step = float(q["start"]), float(q["end"]), float(q["step"])
+    values = [[start + i * step, "1"] for i in range(int((end - start) // step) + 1)]
+    return 200, json.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": {"__name__": pr.VERDICT, "node": "n1", "verdict": "unhealthy"}, "values": values}]}})
 
 
 @pytest.fixture
 def prom():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Prom)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    _Prom.asked = []
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-    thread.join(10)
+    server = LoopbackJSON(_answer)
+    yield server
+    server.close()
+
+
+def _asked(server):
+    return [dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(path).query)) for path, _h in server.requests]
 
 
 def test_a_long_window_is_asked_in_pieces_prometheus_accepts_and_joined(prom):
     step = 60.0
     end = step * (pr.MAX_POINTS * 2 + 5)
-    (s,) = pr.query_range(prom, "q", 0.0, end, step)
-    assert len(_Prom.asked) == 3
-    assert all((float(q["end"]) - float(q["start"])) / step < pr.MAX_POINTS for q in _Prom.asked)
+    (s,) = pr.query_range(prom.url, "q", 0.0, end, step)
+    asked = _asked(prom)
+    assert len(asked) == 3
+    assert all((float(q["end"]) - float(q["start"])) / step < pr.MAX_POINTS for q in asked)
     times = [t for t, _x in s.values]
     assert times == sorted(set(times)) and times[0] == 0.0 and times[-1] == end  # every step once, no seam
     assert len(times) == int(end / step) + 1
@@ -204,7 +187,7 @@ def test_a_long_window_is_asked_in_pieces_prometheus_accepts_and_joined(prom):
 
 def test_the_servers_own_error_is_shown(prom):
     with pytest.raises(pr.PromError, match=r"bad\(.*answered 'error': parse error at char 5"):
-        pr.query_range(prom, "bad(", 0, 60, 60)
+        pr.query_range(prom.url, "bad(", 0, 60, 60)
 
 
 def test_a_server_that_is_not_there_and_a_url_that_is_not_one_are_named():
@@ -242,10 +225,10 @@ def test_cli_refuses_what_it_cannot_use(tmp_path, prom):
     bad.write_text('{"status": "success", "data": {"resultType": "vector", "result": []}}\n')
     r = _cli("calibrate", TRUTH, "--prometheus-file", bad)
     assert r.returncode == 2 and "line 1: expected data.resultType matrix" in r.stderr and not r.stdout.strip()
-    r = _cli("calibrate", TRUTH, "--prometheus", prom)
+    r = _cli("calibrate", TRUTH, "--prometheus", prom.url)
     assert r.returncode == 2 and "--since" in r.stderr
-    r = _cli("calibrate", TRUTH, "--prometheus", prom, "--prometheus-file", bad)
+    r = _cli("calibrate", TRUTH, "--prometheus", prom.url, "--prometheus-file", bad)
     assert r.returncode == 2 and "give one of them" in r.stderr
-    r = _cli("calibrate", TRUTH, "--prometheus", prom, "--since", "2026-01-02T00:00:00", "--until",
+    r = _cli("calibrate", TRUTH, "--prometheus", prom.url, "--since", "2026-01-02T00:00:00", "--until",
              "2026-01-01T00:00:00")
     assert r.returncode == 2 and "--until: expected a time after --since" in r.stderr
