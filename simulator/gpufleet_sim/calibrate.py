@@ -21,7 +21,8 @@ fitted with the classes that show the code and gets its share of their rate.
 Each fitted rate carries its source: ``{kind: site, count, exposure_node_days, window, ci95}`` (an exact Poisson
 interval); a class with no event in the records keeps its base rate, tagged with the records' upper bound.
 ``--holdout F`` fits on the earlier part of the records and predicts the last ``F`` of the window (events per class,
-interruptions), printing observed against predicted with 95 % intervals: the scenario tested on the site's future.
+interruptions, node-days out of service; repairs by outcome from the histories), printing observed against predicted
+with 95 % intervals: the scenario tested on the site's future.
 """
 
 from __future__ import annotations
@@ -568,10 +569,15 @@ def _false_positives(out: dict, g: dict, key: str, share_base: float, prior: flo
 
 
 # ---- the held-out check ---------------------------------------------------------------------------------------------
+def holdout_cut(t0: float, t1: float, share: float) -> float:
+    """Where the held-out part begins: the last ``share`` of [t0, t1)."""
+    return t1 - share * (t1 - t0)
+
+
 def holdout(sc: dict, brain, events: List[Event], runs: Runs, t0: float, t1: float, share: float) -> List[dict]:
     """Fit on [t0, cut), predict [cut, t1): per group and for interruptions, observed against a 95 % interval
     (the fitted rate's interval times the later exposure, widened by the later count's own Poisson spread)."""
-    cut = t1 - share * (t1 - t0)
+    cut = holdout_cut(t0, t1, share)
     early = fit(sc, brain, events, runs, t0, cut)
     late = fit(sc, brain, events, runs, cut, t1)
     expo_late = late["exposure_node_days"]
@@ -591,7 +597,40 @@ def holdout(sc: dict, brain, events: List[Event], runs: Runs, t0: float, t1: flo
     interval = [poisson_ci_quantile(lo_r * scale, 0.025), poisson_ci_quantile(hi_r * scale, 0.975)]
     rows.append({"what": "interruptions (runs ended NODE_FAIL or FAILED)", "observed": late["interruptions"],
                  "predicted": rate * lj, "interval": interval})
+    rows.append(_out_of_service(events, early, expo_late, t0, cut, t1))
     return rows
+
+
+def _out_of_service(events: List[Event], early: dict, expo_late: float, t0: float, cut: float, t1: float) -> dict:
+    """Node-days out of service of the episodes that begin in [cut, t1) (up to t1), against the early fit: per
+    group the later count times the early episodes' mean length, a compound Poisson spread (the count's and the
+    lengths', from their second moment) and the rates' own uncertainty, as a normal 95 % interval."""
+    keys = {key for key in early["groups"] if key != "job"}
+    lengths: Dict[str, List[float]] = {}
+    observed = 0.0
+    for e in episodes(events):
+        k = event_key(e.reason)
+        if k not in keys:
+            continue
+        if t0 <= e.start < cut and e.end is not None and e.end <= cut:
+            lengths.setdefault(k, []).append((e.end - e.start) / DAY_S)
+        elif cut <= e.start < t1:
+            observed += (min(t1, e.end if e.end is not None else t1) - e.start) / DAY_S
+    mean = var = 0.0
+    for key in keys:
+        d = lengths.get(key)
+        if not d:
+            continue
+        g = early["groups"][key]
+        n = g["rate"] * expo_late / 1000
+        m1 = sum(d) / len(d)
+        m2 = sum(x * x for x in d) / len(d)
+        n_sd = (g["ci95"][1] - g["ci95"][0]) * expo_late / 1000 / 3.919928
+        mean += n * m1
+        var += n * m2 + (m1 * n_sd) ** 2
+    half = 1.959964 * math.sqrt(var)
+    return {"what": "node-days out of service (episodes that began then)", "observed": round(observed, 2),
+            "predicted": mean, "interval": [round(max(0.0, mean - half), 2), round(mean + half, 2)]}
 
 
 def poisson_ci_quantile(mu: float, q: float) -> int:

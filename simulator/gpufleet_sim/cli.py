@@ -151,7 +151,8 @@ def export_runs(sc: dict, policy: dict, seeds: int, out: Path) -> list:
 
 def cmd_calibrate(args) -> int:
     from .brain import default_brain
-    from .calibrate import CalibrationError, fit, holdout, load_records, window_of
+    from .calibrate import CalibrationError, fit, holdout, holdout_cut, load_records, window_of
+    from .repair_records import holdout_steps
 
     sc = scn.load(args.scenario)
     prom = args.prometheus or args.prometheus_file
@@ -162,12 +163,13 @@ def cmd_calibrate(args) -> int:
         return 2
     brain = default_brain(sc)
     repairs = None
+    steps: list = []
     agent = None
     try:
         if args.prometheus and args.prometheus_file:
             raise CalibrationError("--prometheus and --prometheus-file: give one of them")
         if args.nodes:
-            repairs = _calibrate_repairs(args.nodes, args.history_field)
+            repairs, steps = _calibrate_repairs(args.nodes, args.history_field)
         if not (args.events or args.sacct or prom):
             if args.holdout:
                 raise CalibrationError("--holdout: the held-out check predicts node events and interruptions; give "
@@ -190,13 +192,14 @@ def cmd_calibrate(args) -> int:
             if not 0 < args.holdout < 1:
                 raise CalibrationError(f"--holdout: expected a share of the window between 0 and 1, got {args.holdout}")
             rows = holdout(sc, brain, events, runs, t0, t1, args.holdout)
+            rows += holdout_steps(steps, holdout_cut(t0, t1, args.holdout))
             print(f"held-out check: fitted on the first {1 - args.holdout:.0%} of the records, the last "
                   f"{args.holdout:.0%} predicted")
             print(f"{'what':<58} {'observed':>9} {'predicted':>10} {'95 % interval':>15}")
             for r in rows:
                 lo, hi = r["interval"]
                 flag = "" if lo <= r["observed"] <= hi else "  <- outside"
-                print(f"{r['what'][:58]:<58} {r['observed']:>9} {r['predicted']:>10.1f} {f'{lo}-{hi}':>15}{flag}")
+                print(f"{r['what'][:58]:<58} {r['observed']:>9g} {r['predicted']:>10.1f} {f'{lo:g}-{hi:g}':>15}{flag}")
             _emit_json(args.json, {"holdout": rows})
             return 0
         res = fit(sc, brain, events, runs, t0, t1)
@@ -266,8 +269,8 @@ def _print_agent(agent: dict, side_by_side: bool) -> None:
           f"{xids}")
 
 
-def _calibrate_repairs(paths: list, field: str) -> dict:
-    """--nodes: the repair steps the nodes' histories show, fitted and printed."""
+def _calibrate_repairs(paths: list, field: str) -> tuple:
+    """--nodes: the repair steps the nodes' histories show, fitted and printed; (the fit, the steps)."""
     from .repair_records import fit_steps, load_node_dumps, window_of_steps
 
     steps, problems = load_node_dumps(paths, field)
@@ -288,7 +291,7 @@ def _calibrate_repairs(paths: list, field: str) -> dict:
         print("the lowest step that cured each class: " + ", ".join(f"{c} {a}" for c, a in fitted["need"].items()))
     if problems:
         print(f"{len(problems)} node histories could not be read (left out); the first: {problems[0]}")
-    return fitted
+    return fitted, steps
 
 
 def _write_calibrated(args, sc: dict, res: dict | None, repairs: dict | None) -> int:

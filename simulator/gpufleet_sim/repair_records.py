@@ -216,12 +216,18 @@ def wilson(k: int, n: int, z: float = 1.959964) -> Tuple[float, float]:
     return max(0.0, mid - half), min(1.0, mid + half)
 
 
-def fit_steps(steps: List[StepSeen]) -> dict:
-    """Per repair step: attempts and cures, the success probability where the step can cure, proven durations."""
+def _need(steps: List[StepSeen]) -> Dict[str, int]:
+    """Each class's need: the level of the lowest step that ever cured one of its incidents."""
     need: Dict[str, int] = {}
     for s in steps:
         if s.outcome == "cured" and s.incident_class is not None:
             need[s.incident_class] = min(need.get(s.incident_class, LEVEL[s.action]), LEVEL[s.action])
+    return need
+
+
+def fit_steps(steps: List[StepSeen]) -> dict:
+    """Per repair step: attempts and cures, the success probability where the step can cure, proven durations."""
+    need = _need(steps)
     actions = {}
     for action in REPAIR_STEPS:
         mine = [s for s in steps if s.action == action]
@@ -246,6 +252,41 @@ def fit_steps(steps: List[StepSeen]) -> dict:
     steps_at = {lv: a for a, lv in LEVEL.items()}
     return {"actions": actions, "need": {c: steps_at[lv] for c, lv in sorted(need.items())},
             "incidents": len({(s.node, s.incident) for s in steps if s.incident is not None})}
+
+
+def binom_quantile(n: int, p: float, q: float) -> int:
+    """The smallest k with P(Binomial(n, p) <= k) >= q (a normal approximation past 2,000 trials)."""
+    if n > 2000:
+        k = n * p + (1.959964 if q > 0.5 else -1.959964) * math.sqrt(n * p * (1 - p))
+        return int(min(n, max(0, round(k))))
+    total = 0.0
+    for k in range(n + 1):
+        total += math.comb(n, k) * p ** k * (1 - p) ** (n - k)
+        if total >= q - 1e-12:
+            return k
+    return n
+
+
+def holdout_steps(steps: List[StepSeen], cut: float) -> List[dict]:
+    """Repairs by outcome after ``cut``, predicted from the steps before it: per step, the later attempts (in the
+    incidents of classes the step can cure, by the whole window's records) times the earlier success, with a 95 %
+    interval from the earlier success's Wilson interval and the later attempts' binomial spread."""
+    need = _need(steps)
+    rows = []
+    for action in REPAIR_STEPS:
+        able = [s for s in steps if s.action == action and s.outcome != "pending" and s.incident_class in need
+                and need[s.incident_class] <= LEVEL[action]]
+        early = [s for s in able if s.started < cut]
+        late = [s for s in able if s.started >= cut]
+        if not early or not late:
+            continue
+        k = sum(1 for s in early if s.outcome == "cured")
+        lo, hi = wilson(k, len(early))
+        rows.append({"what": f"{action} steps that cured ({len(late)} tried)",
+                     "observed": sum(1 for s in late if s.outcome == "cured"),
+                     "predicted": k / len(early) * len(late),
+                     "interval": [binom_quantile(len(late), lo, 0.025), binom_quantile(len(late), hi, 0.975)]})
+    return rows
 
 
 def window_of_steps(steps: List[StepSeen]) -> List[str]:

@@ -84,7 +84,7 @@ def test_held_out_future_is_predicted(truth):
     t0, t1 = cal.window_of(events, runs)
     rows = cal.holdout(sc, brain, events, runs, t0, t1, 0.33)
     assert [r["what"].split(" (")[0] for r in rows] == ["gpu_lost", "gpu_dbe", "host_hang", "app_bug",
-                                                        "interruptions"]
+                                                        "interruptions", "node-days out of service"]
     inside = [r["interval"][0] <= r["observed"] <= r["interval"][1] for r in rows]
     assert all(inside), rows
     assert all(r["interval"][1] > r["interval"][0] for r in rows)
@@ -111,6 +111,12 @@ def test_cli_round_trip_writes_a_scenario_that_says_where_each_rate_comes_from(t
     assert src["gpu_lost"]["ci95"][0] <= next(f for f in doc["faults"] if f["name"] == "gpu_lost")[
         "rate_per_1000_node_days"] <= src["gpu_lost"]["ci95"][1]
     scn.load(out)  # what calibrate writes is a scenario the simulator runs
+    r = subprocess.run(sim + ["calibrate", str(TRUTH), "--events", str(d / "events.txt"), "--sacct",
+                              str(d / "sacct.json"), "--nodes", str(d / "nodes.jsonl"), "--holdout", "0.33"],
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr
+    for row in ("gpu_lost (xid79)", "interruptions", "node-days out of service", "reboot steps that cured"):
+        assert row in r.stdout, r.stdout
     bad = tmp_path / "bad.txt"
     bad.write_text(HEADER + "\nsim|n1|yesterday|Unknown|DRAIN|x|root\n")
     r = subprocess.run(sim + ["calibrate", str(TRUTH), "--events", str(bad), "--sacct", str(d / "sacct.json"),

@@ -8,6 +8,7 @@ its 95 % interval in most seeds (a coverage test). Real shapes (Slurm 24.11's ``
 line, and a damaged history is named and left out.
 """
 import copy
+import dataclasses
 import io
 import json
 import subprocess
@@ -204,3 +205,38 @@ def test_cli_reads_node_dumps_alone_and_writes_the_scenario(tmp_path):
                           str(tmp_path / "missing.jsonl")], capture_output=True, text=True, timeout=120, check=False,
                          cwd=REPO / "simulator")
     assert bad.returncode == 2 and "missing.jsonl: cannot read" in bad.stderr, bad.stderr
+
+
+@pytest.mark.slow  # 20 seeds of 120 days: make unit, not make check
+def test_held_out_repairs_by_outcome_are_predicted(truth):
+    """The last third of each exported run's steps predicted from the first two: the share of (seed, step) rows whose
+    95 % interval holds the observed cures (printed)."""
+    sc, _success = truth
+    inside, wrong = [], []
+    for seed in range(1, SEEDS + 1):
+        sim = Sim(sc, resolve("passive+auto-repair+hot-spares"), seed, default_brain(sc))
+        sim.vslurm.history_log = []
+        sim.run()
+        steps = rr.steps_of(rr.read_node_dumps(io.StringIO(nodes_jsonl(sim.vslurm.history_log)), "n"))
+        t0, t1 = min(s.started for s in steps), max(s.started for s in steps) + 1
+        rows = rr.holdout_steps(steps, t1 - 0.33 * (t1 - t0))
+        assert rows and all(r["interval"][0] <= r["predicted"] <= r["interval"][1] for r in rows), rows
+        inside += [r["interval"][0] <= r["observed"] <= r["interval"][1] for r in rows]
+        # the same check on a past where each step's cures and failures are swapped: it must say so
+        cut = t1 - 0.33 * (t1 - t0)
+        flip = {"cured": "failed", "failed": "cured"}
+        swapped = [dataclasses.replace(s, outcome=flip.get(s.outcome, s.outcome)) if s.started < cut else s
+                   for s in steps]
+        wrong.append(any(not r["interval"][0] <= r["observed"] <= r["interval"][1]
+                         for r in rr.holdout_steps(swapped, cut)))
+    share = sum(inside) / len(inside)
+    print(f"held-out repairs by outcome: {share:.2f} of {len(inside)} (seed, step) rows inside their interval; "
+          f"with the past's outcomes swapped, {sum(wrong)} of {len(wrong)} seeds flag a row")
+    assert share >= 0.85, share
+    assert sum(wrong) >= 0.9 * len(wrong), wrong
+
+
+def test_binomial_quantiles_match_known_values():
+    assert [rr.binom_quantile(10, 0.5, q) for q in (0.025, 0.5, 0.975)] == [2, 5, 8]
+    assert rr.binom_quantile(10, 0.0, 0.975) == 0 and rr.binom_quantile(10, 1.0, 0.025) == 10
+    assert rr.binom_quantile(5000, 0.5, 0.975) == 2569  # the normal approximation past 2,000 trials
