@@ -312,3 +312,17 @@ def test_job_sizes_are_node_days_by_size_inside_the_window():
     assert got["node_days_share"] == {"1": round(1 / total, 4), "33-128": round(116 / total, 4),
                                       "513-2048": round(300 / total, 4)}
     assert cal.Runs().sizes(0, 1) == {"runs": 0, "largest_nodes": 0, "node_days_share": {}}
+
+
+@pytest.mark.slow  # 20 seeds of 120 days: make unit, not make check
+def test_held_out_node_days_out_of_service_are_covered(truth):
+    """Share of seeds whose 95 % interval for the later node-days out of service holds what happened (printed)."""
+    sc, brain, _rates = truth
+    inside = []
+    for seed in range(1, SEEDS + 1):
+        events, runs = _records(sc, seed)
+        t0, t1 = cal.window_of(events, runs)
+        (row,) = [r for r in cal.holdout(sc, brain, events, runs, t0, t1, 0.33) if r["what"].startswith("node-days")]
+        inside.append(row["interval"][0] <= row["observed"] <= row["interval"][1])
+    print(f"held-out node-days out of service: {sum(inside)} of {SEEDS} seeds inside their interval")
+    assert sum(inside) >= 0.85 * SEEDS, inside
