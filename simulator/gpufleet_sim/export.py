@@ -85,6 +85,7 @@ def series_jsonl(report_log) -> str:
                       "" if f.get("gpu") is None else str(f["gpu"]),
                       f.get("severity") or "", f.get("action") or "none")
             findings.setdefault(labels, []).append([t, "1"])
+
     def samples(values: list) -> list:  # one sample a time, in time order (a later report at one time wins)
         return sorted(dict(values).items())
 

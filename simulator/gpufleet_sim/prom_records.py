@@ -115,8 +115,8 @@ def _answer(doc: Any, where: str, name: Optional[str] = None) -> List[Series]:
             raise PromError(f"{where}: the server answered {str(doc.get('status'))[:20]!r}: "
                             f"{str(doc.get('error'))[:200]}")
         data = doc.get("data")
-        if not isinstance(data, dict) or data.get("resultType") != "matrix" or not isinstance(data.get("result"),
-                                                                                             list):
+        if not isinstance(data, dict) or data.get("resultType") != "matrix" or not isinstance(
+                data.get("result"), list):
             raise PromError(f"{where}: expected data.resultType matrix with a result list (query_range)")
         return [_series(s, f"{where}: result[{i}]", name) for i, s in enumerate(data["result"])]
     return [_series(doc, where, name)]

@@ -145,8 +145,8 @@ def test_hostile_series_are_refused_by_line_and_field(line, match):
 
 def test_a_genuine_answer_is_read():
     (s,) = pr.read_series_file(io.StringIO(json.dumps(GOOD) + "\n\n"), "series")
-    assert (s.name, s.labels, s.values) == (pr.VERDICT, {"node": "n1", "verdict": "unhealthy"},
-                                           [(1.5, 1.0), (61.5, 0.0)])
+    want = (pr.VERDICT, {"node": "n1", "verdict": "unhealthy"}, [(1.5, 1.0), (61.5, 0.0)])
+    assert (s.name, s.labels, s.values) == want
 
 
 # ---- the HTTP API ----------------------------------------------------------------------------------------------------
