@@ -6,6 +6,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 COLLECTIONS = REPO / "collections"
 os.environ.setdefault("ANSIBLE_COLLECTIONS_PATH", str(COLLECTIONS))
@@ -27,8 +29,6 @@ if _CPU_DIR:
     import resource
     import time
 
-    import pytest
-
     def _cpu() -> float:
         own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
@@ -40,3 +40,27 @@ if _CPU_DIR:
         os.makedirs(_CPU_DIR, exist_ok=True)
         with open(os.path.join(_CPU_DIR, f"{os.getpid()}.tsv"), "a", encoding="utf-8") as out:
             out.write(f"{item.nodeid}\t{_cpu() - cpu0:.2f}\t{time.monotonic() - wall0:.2f}\n")
+
+
+# Standard input stays open. A test that closes this process's fd 0 poisons every daemon a later test starts: a
+# daemon started with fd 0 closed opens its log file as fd 0 and loses it when it daemonizes (Slurm 22.05's slurmd
+# wrote two lines and then nothing), and slurmd then starts slurmstepd on a pipe it does not feed ("Failed to read
+# conf from slurmd": no job of that lab could start). The test that closed it fails here, by name; fd 0 is opened
+# on /dev/null again for the tests after it.
+def _stdin_state() -> str:
+    try:
+        st = os.fstat(0)
+    except OSError as exc:
+        return f"closed ({exc.strerror})"
+    return f"open (inode {st.st_ino})"
+
+
+@pytest.fixture(autouse=True)
+def _stdin_stays_open():
+    before = _stdin_state()
+    yield
+    after = _stdin_state()
+    if after.startswith("closed") and not before.startswith("closed"):
+        os.open(os.devnull, os.O_RDONLY)  # the lowest free descriptor: 0
+        pytest.fail(f"this test closed the test process's standard input (fd 0 was {before}, is {after}); daemons "
+                    "started after it would start without one")

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 
 import pytest
 
-from support.labs import LAB_SCRIPT, ROOT, LabError, process_token, read_owner, reclaim, reserve
+from support.labs import LAB_SCRIPT, ROOT, LabError, parse_env, process_token, read_owner, reclaim, reserve
 
 pytestmark = pytest.mark.lab
 RELEASE = os.environ.get("SLURM_LAB_RELEASE", "22.05")
@@ -138,3 +139,27 @@ def test_the_blocks_log_names_each_reservation_and_its_release():
     mine = [line for line in (ROOT / "blocks.log").read_text().splitlines()
             if f"pid={os.getpid()} block={res.base} " in line and "the blocks-log test" in line]
     assert [line.split()[4] for line in mine[-2:]] == ["reserve:", "release:"], mine[-2:]
+
+
+def test_a_lab_started_by_a_process_without_standard_input_runs_jobs():
+    """A test process that has closed its fd 0 starts a lab: its daemons still get one (/dev/null) and a job runs.
+    Before, slurmd started slurmstepd on a pipe it did not feed and no job of such a lab could start ("Failed to
+    read conf from slurmd"): the accounting round trip failed in the lanes, after a test had closed stdin."""
+    res = reserve("the closed-stdin test", nodes=1)
+    env = res.script_env(1, RELEASE, SLURM_LAB_HEALTHCHECK_INTERVAL="0")
+    starter = ("import os, subprocess, sys; os.close(0); "
+               "sys.exit(subprocess.run(['bash', sys.argv[1], 'start'], capture_output=True).returncode)")
+    try:
+        r = subprocess.run([sys.executable, "-c", starter, str(LAB_SCRIPT)], env=env, capture_output=True,
+                           text=True, timeout=300, check=False, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, r.stdout + r.stderr
+        client = dict(env, **parse_env(_script(env, "env").stdout))
+        ran = res.dir / "ran"  # written by the job itself (the lab directory is seen at the same path in a chroot)
+        ran.unlink(missing_ok=True)
+        job = subprocess.run(["sbatch", "--wait", "--no-requeue", "-N1", "-o", "/dev/null", "--wrap", f"touch {ran}"],
+                             env=client, capture_output=True, text=True, timeout=120, check=False)
+        stepd = (res.dir / "log" / "slurmstepd.log").read_text(errors="replace")[-1000:]
+        assert ran.exists(), job.stdout + job.stderr + stepd
+    finally:
+        _script(env, "stop")
+        res.release()

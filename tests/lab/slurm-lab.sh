@@ -47,6 +47,13 @@
 # probe of munged's root-decode setting, not a failure; when slurmctld does not answer, the script prints the
 # last ping answer and the logs that say why.
 set -euo pipefail
+# The daemons get descriptors 0-2 open whatever this script was given: a daemon started with one of them closed opens
+# its log file as that descriptor and loses it when it daemonizes (Slurm 22.05's slurmd logged two lines, then
+# nothing), and slurmd then starts slurmstepd on a pipe it does not feed ("Failed to read conf from slurmd": no job of
+# the lab could start). Seen when a test process had closed its standard input. Nothing here reads standard input.
+exec </dev/null
+[[ -e /proc/$$/fd/1 ]] || exec >/dev/null
+[[ -e /proc/$$/fd/2 ]] || exec 2>/dev/null
 
 PORT_BASE=${SLURM_LAB_PORT_BASE:-16800}
 LAB=${SLURM_LAB_DIR:-/tmp/gpufleet-lab-$PORT_BASE}
@@ -438,7 +445,8 @@ EOF
   # slurmstepd") says why nowhere. Its stderr and one line per start are kept in log/slurmstepd.log instead.
   write_if_changed "$LAB/bin/slurmstepd" 755 <<EOF || true
 #!/bin/sh
-echo "\$(date +%Y-%m-%dT%H:%M:%S.%N) pid \$\$ start \$*" >>$LAB/log/slurmstepd.log
+fds=\$(for f in /proc/\$\$/fd/*; do printf '%s->%s ' "\${f##*/}" "\$(readlink "\$f")"; done)
+echo "\$(date +%Y-%m-%dT%H:%M:%S.%N) pid \$\$ start \$* fds: \$fds" >>$LAB/log/slurmstepd.log
 exec /usr/sbin/slurmstepd "\$@" 2>>$LAB/log/slurmstepd.log
 EOF
   write_if_changed "$LAB/bin/fake-reboot" 755 <<EOF || true

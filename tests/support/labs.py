@@ -304,9 +304,9 @@ class SlurmLab:
         env = dict(os.environ)
         env.update(self.script_env)
         env.update(extra_env or {})
-        proc = subprocess.run(
+        proc = subprocess.run(  # stdin: the daemons' own is /dev/null, never this process's (tests/conftest.py)
             ["bash", str(self.script), command], env=env, capture_output=True, text=True, timeout=timeout,
-            check=False)
+            check=False, stdin=subprocess.DEVNULL)
         if check and proc.returncode != 0:
             raise LabError(f"slurm-lab.sh {command} failed rc={proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
         return proc
