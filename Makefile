@@ -106,17 +106,17 @@ integration: setup
 # make integration in two halves, the lanes of make test: the Slurm lab tests, and the rest (the IdP, PAM, sshd,
 # roles into fresh roots, the tarball, monitoring), which need no Slurm.
 integration-lab: setup
-	$(PY) -m pytest tests/integration -q -m "lab and not accounting" $(INTEGRATION_XDIST)
+	$(PY) -m pytest tests/integration -q -m lab $(INTEGRATION_XDIST)
 
 integration-services: setup
 	$(PY) -m pytest tests/integration -q -m "not lab" $(INTEGRATION_XDIST)
 
 # The Slurm integration suite again, against Slurm 24.11 in a Debian trixie chroot.
 integration-2411: setup
-	SLURM_LAB_RELEASE=24.11 $(PY) -m pytest tests/integration -q -m "lab and not accounting" $(INTEGRATION_XDIST)
+	SLURM_LAB_RELEASE=24.11 $(PY) -m pytest tests/integration -q -m lab $(INTEGRATION_XDIST)
 
-# calibrate's round trip on real accounting (MariaDB, slurmdbd), on both releases, one lab at a time: inside the
-# lanes of make test Slurm could not launch its jobs in three runs of five (cause not found), never alone.
+# calibrate's round trip on real accounting (MariaDB, slurmdbd) alone, on both releases (make test's Slurm lanes run
+# it too).
 integration-accounting: setup
 	$(PY) -m pytest tests/integration -q -m accounting
 	SLURM_LAB_RELEASE=24.11 $(PY) -m pytest tests/integration -q -m accounting
