@@ -562,10 +562,19 @@ def _false_positives(out: dict, g: dict, key: str, share_base: float, prior: flo
                   "alarm from a real fault with that code: the code's rate split by base rates"}
     if len(g["classes"]) > 1:
         src["shared_with"] = [n for n in g["classes"] if n != "false_positive"]
-    out["sources"] = list(out.get("sources") or []) + [{"paths": [FP_PATH], "source": src}]
-    if isinstance(out.get("estimates"), list):
-        out["estimates"] = [e for e in out["estimates"]
-                            if not (isinstance(e, dict) and str(e.get("path", "")).strip() == FP_PATH)]
+    add_sources(out, [{"paths": [FP_PATH], "source": src}])
+
+
+def add_sources(raw: dict, entries: List[dict]) -> None:
+    """``entries`` (``{paths, source}``) added to the scenario's ``sources:``; an estimate of a path they now give is
+    no longer a guess to vary, so it leaves ``estimates:``."""
+    if not entries:
+        return
+    raw["sources"] = list(raw.get("sources") or []) + entries
+    fitted = {p for e in entries for p in e["paths"]}
+    if isinstance(raw.get("estimates"), list):
+        raw["estimates"] = [e for e in raw["estimates"]
+                            if not (isinstance(e, dict) and str(e.get("path", "")).strip() in fitted)]
 
 
 # ---- the held-out check ---------------------------------------------------------------------------------------------

@@ -258,7 +258,7 @@ def _agent_records(args, span):
             k = event_key(e.reason)
             keys[k] = keys.get(k, 0) + 1
     return {"events": events, "episodes": keys, "xid_lines": pr.xid_counts(series, t0, t1, 2 * args.prometheus_step),
-            "series": len(series), "window": [t0, t1]}, (t0, t1)
+            "detection": pr.detection(series, t0, t1), "series": len(series), "window": [t0, t1]}, (t0, t1)
 
 
 def _print_agent(agent: dict, side_by_side: bool) -> None:
@@ -267,6 +267,11 @@ def _print_agent(agent: dict, side_by_side: bool) -> None:
     what = "beside Slurm's events (the rates above are Slurm's)" if side_by_side else "(the events above)"
     print(f"the agent's series ({agent['series']} series): unhealthy episodes {what}: {eps}; kernel-log Xid lines: "
           f"{xids}")
+    det = agent["detection"]
+    interval = f"every {det['interval_min']:.2f} min (median)" if det["interval_min"] else "interval: too few checks"
+    took = (f"a check takes {det['duration_min']['median'] * 60:.1f} s (median; p90 "
+            f"{det['duration_min']['p90'] * 60:.1f} s)" if det["duration_min"] else "run time: too few checks")
+    print(f"the agent's checks: {det['checks']:,}; {interval}; {took}")
 
 
 def _calibrate_repairs(paths: list, field: str) -> tuple:
@@ -308,6 +313,11 @@ def _write_calibrated(args, sc: dict, res: dict | None, repairs: dict | None) ->
         doc = calibrated_raw(sc, res) if res is not None else copy.deepcopy(sc["raw"])
         if repairs is not None:
             calibrated_repairs(doc, repairs, repairs["window"])
+        if res is not None and res.get("agent"):
+            from .prom_records import calibrated_detection
+
+            window = [time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)) for t in res["agent"]["window"]]
+            calibrated_detection(doc, res["agent"]["detection"], window)
         scn.validate(doc, args.out)  # what is written loads
         _atomic_write(Path(args.out), yaml.safe_dump(doc, sort_keys=False, width=118).encode())
         print(f"wrote {args.out}")

@@ -20,6 +20,11 @@ What is read, per node:
   episode's first sample), and ``calibrate`` matches it to a class by the same rule as Slurm's events.
 * **Xid events**: the increase of ``gpufleet_gpu_xid_errors_total`` per code over the window (counter resets
   counted as Prometheus's ``increase`` counts them): the kernel-log lines behind the findings, for the report.
+* **Time to detect**: a fault is seen at the first check after it, and a check takes its own time, so detection
+  is the check interval (a uniform wait up to it) plus the check's run time. Each check is one distinct value of
+  ``gpufleet_health_last_run_timestamp_seconds``: the gaps between a node's checks give the interval (their median;
+  gaps over six hours are a node out of service, not its timer), and ``gpufleet_health_check_duration_seconds`` at
+  each check gives the run time (median and 90th percentile).
 
 Every answer is checked as hostile input: its shape, each label and each sample, by file and line or by query, with
 a bound on the size read.
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -37,14 +43,21 @@ from typing import IO, Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.health.report import Finding, Report
 
-from .calibrate import CalibrationError, Event
+from .calibrate import CalibrationError, Event, add_sources
 
 #: the metrics read (the agent's names, plugins/module_utils/health/metrics.py)
 VERDICT = "gpufleet_health_verdict"
 FINDING = "gpufleet_health_finding"
 DRAIN = "gpufleet_health_drain_requested"
 XID = "gpufleet_gpu_xid_errors_total"
-QUERIES = {VERDICT: f'{VERDICT}{{verdict="unhealthy"}}', FINDING: FINDING, DRAIN: DRAIN, XID: XID}
+LAST_RUN = "gpufleet_health_last_run_timestamp_seconds"
+DURATION = "gpufleet_health_check_duration_seconds"
+QUERIES = {VERDICT: f'{VERDICT}{{verdict="unhealthy"}}', FINDING: FINDING, DRAIN: DRAIN, XID: XID,
+           LAST_RUN: LAST_RUN, DURATION: DURATION}
+#: checks needed before the site's check interval and check time replace the scenario's
+MIN_CHECKS = 5
+#: a gap between two checks longer than this is a node out of service or not reporting, not its timer
+MAX_INTERVAL_S = 6 * 3600.0
 #: one answer (a line of a file, or a server's reply) longer than this is not one we read
 MAX_ANSWER = 256 << 20
 MAX_LABEL = 256
@@ -258,6 +271,60 @@ def xid_counts(series: Iterable[Series], t0: float, t1: float, grace: float) -> 
         if total:
             out[code] = out.get(code, 0.0) + total
     return out
+
+
+def detection(series: Iterable[Series], t0: float, t1: float) -> dict:
+    """The agent's checks between t0 and t1: how many, the median interval between a node's checks and the check's
+    run time (median, p90), in minutes; None for what fewer than MIN_CHECKS checks cannot say."""
+    runs: Dict[str, Dict[float, float]] = {}  # node -> sample time -> the check it shows (its start, epoch)
+    took: Dict[str, Dict[float, float]] = {}  # node -> sample time -> that check's run time, seconds
+    for s in series:
+        if s.name not in (LAST_RUN, DURATION) or not s.labels.get("node"):
+            continue
+        into = (runs if s.name == LAST_RUN else took).setdefault(s.labels["node"], {})
+        for t, x in s.values:
+            if t0 <= t < t1 and math.isfinite(x):
+                into[t] = x
+    gaps: List[float] = []
+    durations: List[float] = []
+    for node, seen in runs.items():
+        checks: Dict[float, Optional[float]] = {}
+        for t in sorted(seen):
+            checks.setdefault(seen[t], took.get(node, {}).get(t))
+        starts = sorted(checks)
+        gaps += [b - a for a, b in zip(starts, starts[1:]) if 0 < b - a <= MAX_INTERVAL_S]
+        durations += [d for d in checks.values() if d is not None and d >= 0]
+    out: dict = {"checks": sum(1 for seen in runs.values() for _ in set(seen.values())), "interval_min": None,
+                 "duration_min": None}
+    if len(gaps) >= MIN_CHECKS:
+        out["interval_min"] = statistics.median(gaps) / 60.0
+    if len(durations) >= MIN_CHECKS:
+        out["duration_min"] = {"median": statistics.median(durations) / 60.0,
+                               "p90": statistics.quantiles(durations, n=10, method="inclusive")[8] / 60.0}
+    return out
+
+
+def calibrated_detection(raw: dict, found: dict, window: List[str]) -> dict:
+    """``raw`` (a scenario's mapping, changed in place and returned) with the check interval and the check's run time
+    the agent's series show, each with a ``sources:`` entry; what they cannot show is left as it was."""
+    rep = raw.setdefault("repair", {})
+    if not isinstance(rep, dict):
+        raise CalibrationError("the base scenario's repair section is not a mapping")
+    entries = []
+    if found.get("interval_min"):
+        rep["check_interval_min"] = round(found["interval_min"], 3)
+        entries.append({"paths": ["repair.check_interval_min"], "source": {
+            "kind": "site", "count": found["checks"], "window": list(window),
+            "why": "the agent's series: the median gap between a node's checks (last-run timestamps)"}})
+    d = found.get("duration_min")
+    if d and d["median"] > 0:
+        rep["check_detect_min"] = ({"dist": "lognormal", "median": round(d["median"], 4), "p90": round(d["p90"], 4)}
+                                   if d["p90"] > d["median"] else round(d["median"], 4))
+        entries.append({"paths": ["repair.check_detect_min"], "source": {
+            "kind": "site", "count": found["checks"], "window": list(window),
+            "why": "the agent's series: each check's run time (check duration at each last-run timestamp)"}})
+    add_sources(raw, entries)
+    return raw
 
 
 def load(base: Optional[str], path: Optional[str], start: float, end: float, step: float) -> List[Series]:

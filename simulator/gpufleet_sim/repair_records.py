@@ -40,7 +40,7 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm.parse i
     parse_nodes_text,
 )
 
-from .calibrate import CalibrationError
+from .calibrate import CalibrationError, add_sources
 from .scenario import LEVEL
 
 #: a dump longer than this (one JSON document, or a text dump) is not one of Slurm's for a cluster we model
@@ -305,12 +305,7 @@ def calibrated_repairs(raw: dict, fitted: dict, window: List[str]) -> dict:
         acts = rep.setdefault("actions", {})
         for action, fields in actions.items():
             acts[action] = {**(acts.get(action) or {}), **fields}
-        raw["sources"] = list(raw.get("sources") or []) + sources
-        # an estimate of a value the records now give is no longer a guess to vary
-        fitted_paths = {p for e in sources for p in e["paths"]}
-        if isinstance(raw.get("estimates"), list):
-            raw["estimates"] = [e for e in raw["estimates"]
-                                if not (isinstance(e, dict) and str(e.get("path", "")).strip() in fitted_paths)]
+        add_sources(raw, sources)
     return raw
 
 

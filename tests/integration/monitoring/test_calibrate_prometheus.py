@@ -52,6 +52,8 @@ def test_calibrate_reads_the_agents_episode_from_a_real_prometheus(tmp_path, dae
     fit = json.loads(r.stdout[r.stdout.index("{"):])
     assert fit["agent"]["episodes"] == {"xid79": 1}, (fit["agent"], r.stdout)
     assert fit["agent"]["xid_lines"] == {"79": 1.0}, fit["agent"]
+    # the three checks, seen by their last-run timestamps (too few for an interval: the scenario keeps its own)
+    assert fit["agent"]["detection"] == {"checks": 3, "interval_min": None, "duration_min": None}, fit["agent"]
     assert fit["groups"]["xid79"]["count"] == 1 and fit["groups"]["xid79"]["mean_out_days"] is not None
     assert not fit["unmatched"], fit["unmatched"]
     print(r.stdout[:r.stdout.index("{")])

@@ -232,3 +232,45 @@ def test_cli_refuses_what_it_cannot_use(tmp_path, prom):
     r = _cli("calibrate", TRUTH, "--prometheus", prom.url, "--since", "2026-01-02T00:00:00", "--until",
              "2026-01-01T00:00:00")
     assert r.returncode == 2 and "--until: expected a time after --since" in r.stderr
+
+
+def _checks(node, starts, took, scrape=15.0):
+    """The agent's last-run and check-duration gauges as Prometheus scrapes them every ``scrape`` seconds."""
+    times, last, dur = [], [], []
+    t, i = starts[0], 0
+    while t < starts[-1] + 100:
+        while i + 1 < len(starts) and starts[i + 1] + took[i + 1] <= t:
+            i += 1
+        times.append(t)
+        last.append(starts[i])
+        dur.append(took[i])
+        t += scrape
+    return [{"metric": {"__name__": pr.LAST_RUN, "node": node}, "values": [[a, str(b)] for a, b in zip(times, last)]},
+            {"metric": {"__name__": pr.DURATION, "node": node}, "values": [[a, str(b)] for a, b in zip(times, dur)]}]
+
+
+def test_the_time_to_detect_is_the_check_interval_and_the_checks_run_time():
+    starts = [1000.0 + 300 * i for i in range(12)] + [1000.0 + 300 * 11 + 86400]  # every 5 min; then a day away
+    took = [20.0 + (i % 4) * 10 for i in range(len(starts))]  # 20-50 s
+    got = pr.detection(_series(*_checks("n1", starts, took), *_checks("n2", starts[:3], took[:3])), 0, 1e9)
+    assert got["checks"] == 13 + 3
+    assert got["interval_min"] == pytest.approx(5.0)  # the day away is a node out of service, not its timer
+    assert got["duration_min"]["median"] == pytest.approx(30 / 60)  # 16 checks: five of 20 s, four each of 30, 40
+    assert got["duration_min"]["p90"] == pytest.approx(50 / 60)
+    few = pr.detection(_series(*_checks("n1", starts[:3], took[:3])), 0, 1e9)
+    assert few == {"checks": 3, "interval_min": None, "duration_min": None}  # too few to say
+
+
+def test_the_site_s_detection_is_written_with_its_source():
+    raw = {"repair": {"check_interval_min": 5}, "estimates": [{"path": "repair.check_detect_min", "low": 0.1,
+                                                               "high": 5, "source": "estimate"}]}
+    pr.calibrated_detection(raw, {"checks": 40, "interval_min": 2.0, "duration_min": {"median": 0.5, "p90": 0.8}},
+                            ["2026-01-01T00:00:00Z", "2026-02-01T00:00:00Z"])
+    assert raw["repair"]["check_interval_min"] == 2.0
+    assert raw["repair"]["check_detect_min"] == {"dist": "lognormal", "median": 0.5, "p90": 0.8}
+    assert [e["paths"] for e in raw["sources"]] == [["repair.check_interval_min"], ["repair.check_detect_min"]]
+    assert all(e["source"]["kind"] == "site" and e["source"]["count"] == 40 for e in raw["sources"])
+    assert raw["estimates"] == []  # no longer a guess
+    untouched = {"repair": {"check_interval_min": 5}}
+    pr.calibrated_detection(untouched, {"checks": 2, "interval_min": None, "duration_min": None}, [])
+    assert untouched == {"repair": {"check_interval_min": 5}}
