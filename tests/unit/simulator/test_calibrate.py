@@ -272,6 +272,7 @@ def test_a_node_out_of_service_is_one_episode_whatever_slurmdbd_splits_it_into(t
     assert res["groups"]["xid79"]["mean_out_days"] == pytest.approx(2 / 24)
 
 
+@pytest.mark.slow  # a calibration in a fresh interpreter on the default scenario: make unit, not make check
 def test_false_positives_get_their_share_of_the_code_they_show(tmp_path):
     """default-1k's false positive shows Xid 119, as its GSP class does: the site's Xid 119 drains are split between
     them by base rates, the false-positive rate is written with a site source and is no longer an estimate."""

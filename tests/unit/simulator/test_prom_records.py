@@ -203,6 +203,7 @@ def _cli(*args, cwd=SIMDIR):
                           timeout=300, check=False, cwd=cwd)
 
 
+@pytest.mark.slow  # a simulated run and a calibration, each a fresh interpreter: make unit, not make check
 def test_cli_calibrates_from_an_exported_series_file_alone(tmp_path):
     r = _cli("run", TRUTH, "--seeds", "1", "--policy", "passive+auto-repair+hot-spares", "--no-sensitivity",
              "--export-history", tmp_path / "hist")
