@@ -101,8 +101,8 @@ def _lab_processes(lab) -> list:
             if str(lab.dir) not in cmd:
                 continue
             status = dict(line.split(":\t", 1) for line in (proc / "status").read_text().splitlines() if ":\t" in line)
-            fds = " ".join(f"{fd.name}->{os.readlink(fd)}" for fd in sorted((proc / "fd").iterdir(),
-                                                                          key=lambda f: int(f.name)))
+            fds = " ".join(f"{fd.name}->{os.readlink(fd)}"
+                           for fd in sorted((proc / "fd").iterdir(), key=lambda f: int(f.name)))
         except OSError:
             continue
         out.append(f"{proc.name} {status.get('PPid', '?')} blk={status.get('SigBlk', '?')} "
