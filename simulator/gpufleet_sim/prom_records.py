@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.health.report import Finding, Report
+from ansible_collections.gpufleet.reliability.plugins.module_utils.slurmfacts import drain_reason
 
 from .calibrate import CalibrationError, Event, add_sources
 
@@ -245,7 +246,7 @@ def episodes(series: Iterable[Series]) -> List[Event]:
 def _event(node: str, start: float, end: Optional[float],
            findings: Dict[Tuple[str, float], List[Finding]]) -> Event:
     report = Report(findings=findings.get((node, start), []))
-    reason = report.drain_reason() if report.worst is not None else "gpufleet: unknown"
+    reason = report.drain_reason() if report.worst is not None else drain_reason("unknown")
     return Event(node, start, end, "DRAIN", reason)
 
 
