@@ -263,6 +263,8 @@ def test_an_eviction_storm_is_held_past_the_limit_and_the_run_says_so(repair_lab
         if now_nodes == [held]:
             assert state == "RUNNING" and restarts == "0", (state, restarts)
         else:
+            # shown if it never comes: the job, and what the run said (a run that failed before its eviction step
+            # fails here, not at its own assertion: ok=False is expected of it for the held node)
             wait_until(lambda job=job: job_info(rl, job)[2] == "1", timeout=60, what=f"job {job} requeued once",
-                       show=lambda job=job: job_info(rl, job))
+                       show=lambda job=job: f"{job_info(rl, job)}; problems {problems}; the run:\n{r.output[-4000:]}")
         rl.lab.run("scancel", job)
