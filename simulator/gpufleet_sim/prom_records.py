@@ -295,7 +295,7 @@ def detection(series: Iterable[Series], t0: float, t1: float) -> dict:
         starts = sorted(checks)
         gaps += [b - a for a, b in zip(starts, starts[1:]) if 0 < b - a <= MAX_INTERVAL_S]
         durations += [d for d in checks.values() if d is not None and d >= 0]
-    out: dict = {"checks": sum(1 for seen in runs.values() for _ in set(seen.values())), "interval_min": None,
+    out: dict = {"checks": sum(len(set(seen.values())) for seen in runs.values()), "interval_min": None,
                  "duration_min": None}
     if len(gaps) >= MIN_CHECKS:
         out["interval_min"] = statistics.median(gaps) / 60.0
