@@ -100,6 +100,10 @@ def start_rulebook(rl, config, followups=False):
     env = dict(os.environ, **rl._envvars())
     env["PATH"] = str(Path(eda_bin("ansible-rulebook")).parent) + ":" + env["PATH"]
     env["GPUFLEET_EDA_TOKEN"] = TOKEN
+    # the teardown stops the rulebook and the playbook it runs, and a module stopped mid-run leaves its payload
+    # directory: in the test's own temporary directory (pytest's to clean), not the machine's /tmp
+    env["TMPDIR"] = str(rl.tmp / "tmp")
+    (rl.tmp / "tmp").mkdir(exist_ok=True)
     rl.rulebook_log = open(rl.tmp / "rulebook.log", "wb")  # noqa: SIM115 - closed by the fixture
     rl.rulebook = subprocess.Popen([eda_bin("ansible-rulebook"), "-i", str(inv), "--rulebook",
                                     "gpufleet.reliability.repair", "--vars", str(variables), "-vv"],
