@@ -58,9 +58,13 @@ def _stdin_state() -> str:
 @pytest.fixture(autouse=True)
 def _stdin_stays_open():
     before = _stdin_state()
+    if before.startswith("closed"):  # a fixture's teardown after the last test, or another thread, closed it
+        os.open(os.devnull, os.O_RDONLY)  # the lowest free descriptor: 0
+        pytest.fail(f"the test process's standard input was {before} before this test started (closed after the "
+                    "previous test's own check: a fixture's teardown or another thread); opened again on /dev/null")
     yield
     after = _stdin_state()
-    if after.startswith("closed") and not before.startswith("closed"):
-        os.open(os.devnull, os.O_RDONLY)  # the lowest free descriptor: 0
+    if after.startswith("closed"):
+        os.open(os.devnull, os.O_RDONLY)
         pytest.fail(f"this test closed the test process's standard input (fd 0 was {before}, is {after}); daemons "
                     "started after it would start without one")
