@@ -186,7 +186,8 @@ def query_range(base: str, query: str, start: float, end: float, step: float, ti
             if have is None:
                 out[key] = s
             else:  # the next piece: samples after the last one kept (the pieces share their edge)
-                have.values += [v for v in s.values if v[0] > have.values[-1][0]]
+                last = have.values[-1][0] if have.values else -math.inf
+                have.values += [v for v in s.values if v[0] > last]
         t = stop + step
     return list(out.values())
 
@@ -336,5 +337,6 @@ def load(base: Optional[str], path: Optional[str], start: float, end: float, ste
                 return read_series_file(fh, path)
         except OSError as e:
             raise PromError(f"{path}: cannot read: {e.strerror}") from None
-    assert base is not None
+    if not base:
+        raise PromError("--prometheus: expected the server's URL, or --prometheus-file")
     return fetch(base, start, end, step)
