@@ -9,6 +9,7 @@ module reserved first (so that no other test process can be handed it meanwhile)
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -160,6 +161,25 @@ def test_a_lab_started_by_a_process_without_standard_input_runs_jobs():
                              env=client, capture_output=True, text=True, timeout=120, check=False)
         stepd = (res.dir / "log" / "slurmstepd.log").read_text(errors="replace")[-1000:]
         assert ran.exists(), job.stdout + job.stderr + stepd
+    finally:
+        _script(env, "stop")
+        res.release()
+
+
+@pytest.mark.accounting
+def test_an_accounting_lab_starts_where_another_lab_left_a_new_cluster_id():
+    """An accounting lab, then a lab without accounting whose state began anew (a new ClusterID), then an accounting
+    lab again in the same directory: slurmctld refused to start ("CLUSTER ID MISMATCH": its state said one ID,
+    slurmdbd another; Slurm 24.11). A fresh lab now takes the ID slurmdbd has."""
+    res = reserve("the cluster-id test", nodes=1)
+    env = res.script_env(1, RELEASE, SLURM_LAB_HEALTHCHECK_INTERVAL="0")
+    try:
+        for accounting in ("1", "0", "1"):
+            if accounting == "0":
+                shutil.rmtree(res.dir / "state", ignore_errors=True)  # the state lost: a new ClusterID follows
+            r = _script(dict(env, SLURM_LAB_ACCOUNTING=accounting), "start")
+            assert r.returncode == 0, f"accounting={accounting}: {r.stdout}{r.stderr}"
+            assert _script(env, "stop").returncode == 0
     finally:
         _script(env, "stop")
         res.release()

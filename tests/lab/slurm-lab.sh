@@ -893,6 +893,10 @@ cmd_start() {
   # A fresh lab starts clean: no health flag and no hook left by a run that was killed before its teardown
   # (a leftover healthcheck.hook drains its node at the first health check, and "nodes not idle" follows).
   if ((fresh)); then rm -f "$LAB"/flags/*.bad "$LAB/etc/healthcheck.hook" "$LAB/etc/epilog.hook"; fi
+  # A fresh slurmctld (-c) still reads its ClusterID from state/clustername, and refuses to start ("CLUSTER ID
+  # MISMATCH") when slurmdbd knows the cluster by another: an accounting lab, then a lab without accounting (a new
+  # ClusterID), then an accounting lab again in this directory. A fresh lab takes the ID slurmdbd has (or a new one).
+  if ((fresh)); then rm -f "$LAB/state/clustername"; fi
   start_slurmctld "$fresh"
   if ((was_running && CONF_CHANGED)); then log "slurm.conf changed: scontrol reconfigure"; client scontrol reconfigure; fi
   local n
