@@ -27,6 +27,7 @@ with 95 % intervals: the scenario tested on the site's future.
 
 from __future__ import annotations
 
+import bisect
 import calendar
 import copy
 import io
@@ -170,7 +171,7 @@ class Runs:
                 continue
             runs += 1
             largest = max(largest, n)
-            days[sum(1 for e in edges if n > e)] += n * dt / DAY_S
+            days[bisect.bisect_left(edges, n)] += n * dt / DAY_S  # the edges below n
         total = sum(days)
         names = ["1"] + [f"{lo + 1}-{hi}" for lo, hi in zip(edges, edges[1:])] + [f">{edges[-1]}"]
         return {"runs": runs, "largest_nodes": largest,

@@ -225,6 +225,12 @@ def _need(steps: List[StepSeen]) -> Dict[str, int]:
     return need
 
 
+def _able(steps: List[StepSeen], action: str, need: Dict[str, int]) -> List[StepSeen]:
+    """The ended attempts of ``action`` in incidents of classes it can cure: those its success is counted over."""
+    return [s for s in steps if s.action == action and s.outcome != "pending" and s.incident_class in need
+            and need[s.incident_class] <= LEVEL[action]]
+
+
 def fit_steps(steps: List[StepSeen]) -> dict:
     """Per repair step: attempts and cures, the success probability where the step can cure, proven durations."""
     need = _need(steps)
@@ -233,8 +239,7 @@ def fit_steps(steps: List[StepSeen]) -> dict:
         mine = [s for s in steps if s.action == action]
         if not mine:
             continue
-        able = [s for s in mine if s.outcome != "pending" and s.incident_class in need
-                and need[s.incident_class] <= LEVEL[action]]
+        able = _able(mine, action, need)
         cured = sum(1 for s in able if s.outcome == "cured")
         lo, hi = wilson(cured, len(able))
         minutes = [(s.ran - s.started) / 60.0 for s in mine if s.ran is not None and s.ran >= s.started]
@@ -274,8 +279,7 @@ def holdout_steps(steps: List[StepSeen], cut: float) -> List[dict]:
     need = _need(steps)
     rows = []
     for action in REPAIR_STEPS:
-        able = [s for s in steps if s.action == action and s.outcome != "pending" and s.incident_class in need
-                and need[s.incident_class] <= LEVEL[action]]
+        able = _able(steps, action, need)
         early = [s for s in able if s.started < cut]
         late = [s for s in able if s.started >= cut]
         if not early or not late:
