@@ -123,6 +123,8 @@ def _longest_first(table: Mapping[str, str]) -> Tuple[str, ...]:
 
 
 _PREFIXES_LONGEST_FIRST = _longest_first(PREFIX_CLASS)
+#: _XID_CLASS by the key a report gives (``xid79``): what _XID_RE's match of that key looks up
+_XID_KEYS = {f"xid{n}": c for n, c in _XID_CLASS.items()}
 
 
 def _lookup(key: str, class_map: Mapping[str, str]) -> Optional[str]:
@@ -138,6 +140,9 @@ def _lookup(key: str, class_map: Mapping[str, str]) -> Optional[str]:
         for k in _longest_first(class_map):
             if key.startswith(k):
                 return class_map[k]
+    found = _XID_KEYS.get(key)  # the catalog's Xids as reports spell them (xid79), before the general pattern
+    if found is not None:
+        return found
     m = _XID_RE.match(key)
     if m:
         return _XID_CLASS.get(int(m.group(1)), "gpu")

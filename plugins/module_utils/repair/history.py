@@ -197,28 +197,19 @@ class History:
     def prune(self, now: float, keep_s: float, cap: int = 0) -> None:
         """Forget entries older than ``keep_s`` and keep at most max(cap, MAX_*) of each list."""
         cut = now - keep_s
-        self.repairs = sorted(r for r in self.repairs if r[0] >= cut)[-max(cap, MAX_REPAIRS) :]
-        self.past = sorted(p for p in self.past if p[0] >= cut)[-max(cap, MAX_PAST) :]
+        self.repairs = _kept(self.repairs, cut, max(cap, MAX_REPAIRS))
+        self.past = _kept(self.past, cut, max(cap, MAX_PAST))
         if self.cooldown_until is not None and self.cooldown_until <= now:
             self.cooldown_until = None
 
     def pruned(self, now: float, keep_s: float, cap: int = 0) -> History:
         """A copy with prune() applied: what ``h.copy()`` then ``.prune(now, keep_s, cap)`` give, in one pass."""
         cut = now - keep_s
-        repairs = self.repairs
-        if repairs:
-            repairs = sorted([r for r in repairs if r[0] >= cut])[-max(cap, MAX_REPAIRS) :]
-        else:
-            repairs = []
-        past = self.past
-        if past:
-            past = sorted([p for p in past if p[0] >= cut])[-max(cap, MAX_PAST) :]
-        else:
-            past = []
         cd = self.cooldown_until
         if cd is not None and cd <= now:
             cd = None
-        return History(self.seq, self._incident_copy(), repairs, past, cd, self.note)
+        return History(self.seq, self._incident_copy(), _kept(self.repairs, cut, max(cap, MAX_REPAIRS)),
+                       _kept(self.past, cut, max(cap, MAX_PAST)), cd, self.note)
 
     def _incident_copy(self) -> Optional[Incident]:
         inc = self.incident
@@ -233,6 +224,16 @@ class History:
         """A deep copy (what loads(dumps(self)) gives, without the text round trip)."""
         return History(self.seq, self._incident_copy(), list(self.repairs), list(self.past), self.cooldown_until,
                        self.note)
+
+
+def _kept(entries: List[Tuple[int, str]], cut: float, keep: int) -> List[Tuple[int, str]]:
+    """prune() of one list, into a new list: the entries at or after ``cut``, oldest first, the last ``keep``."""
+    if not entries:
+        return []
+    out = sorted(entries)
+    if out[0][0] < cut:
+        out = [e for e in out if e[0] >= cut]
+    return out[-keep:] if len(out) > keep else out
 
 
 def dumps(h: History) -> str:

@@ -154,9 +154,10 @@ class Limits:
     def repair_block(self, node: NodeState) -> Optional[str]:
         """Why starting a repair step on the node now would break a limit (min_healthy, nodes under repair per
         partition and domain, max_parallel), or None."""
-        msg = self.min_healthy_block(node)
-        if msg:
-            return msg
+        return self.min_healthy_block(node) or self.concurrency_block(node)
+
+    def concurrency_block(self, node: NodeState) -> Optional[str]:
+        """repair_block() without min_healthy: nodes under repair per partition and domain, max_parallel."""
         active = self.active
         for key, _c, n in self._groups(node):
             if active.get(key, 0) + 1 > n:

@@ -81,7 +81,7 @@ class Case:
     """
 
     __slots__ = ("n", "hist", "verdict", "report_action", "code", "gpu", "t0", "config", "limits", "brk",
-                 "approved", "now", "part", "actionable", "pending_before", "booked", "cls")
+                 "approved", "now", "part", "actionable", "pending_before", "booked", "cls", "out", "why_foreign")
 
     def __init__(self, n: Any, hist: Optional[History], verdict: str, report_action: str, code: str,
                  gpu: Optional[int], t0: float, config: RepairConfig, limits: Limits, brk: BreakerState,
@@ -104,6 +104,9 @@ class Case:
         self.pending_before: Optional[Step] = None
         self.booked: Optional[History] = None
         self.cls: str = ""
+        #: the node's Slurm facts, read once per decision (a plan never changes a node's record)
+        self.out: bool = n.out_of_service
+        self.why_foreign: Optional[str] = n.foreign(config.reason_prefix)
 
     def mk(self, action: str, reason: str, rule: str, earliest: Optional[float] = None, **kw: Any) -> Decision:
         return Decision(
@@ -136,7 +139,7 @@ class Case:
                        failure_class=self.cls, **kw)
 
     def foreign(self) -> Optional[str]:
-        return self.n.foreign(self.config.reason_prefix)
+        return self.why_foreign
 
 
 def inc_kw(inc: Optional[Incident]) -> Dict[str, Any]:
@@ -241,7 +244,7 @@ def not_ours(c: Case) -> Optional[Decision]:
 
 def no_report(c: Case) -> Optional[Decision]:
     """No health report for a node in service: nothing to act on."""
-    if c.verdict == "unknown" and c.n.report is None and not c.n.out_of_service:
+    if c.verdict == "unknown" and c.n.report is None and not c.out:
         return c.mk("hold", "no health report for a node in service; nothing to act on", "no_report", hist=c.hist)
     return None
 
@@ -367,7 +370,7 @@ def drain_requested(c: Case) -> Optional[Decision]:
     if c.actionable or c.verdict != "degraded" or not isinstance(report, Mapping) or report.get("drain") is not True:
         return None
     what = report.get("code") or c.report_action
-    if not c.n.out_of_service:
+    if not c.out:
         if c.brk.tripped:
             return c.mk("hold", f"should drain ({what}) but the circuit breaker is tripped ({c.brk.reason}); a "
                         "person must reset it", RULE_BREAKER, hist=c.before())
@@ -394,7 +397,7 @@ def healthy(c: Case) -> Optional[Decision]:
     cls = inc.failure_class if inc is not None else classify(n.report, config.class_map)
     after = hist.copy()
     after.close(now, config.cooldown_s)
-    if not n.out_of_service:
+    if not c.out:
         hist.close(now, config.cooldown_s)
         return c.mk("hold", f"{c.verdict} and in service; nothing to do", "healthy_in_service", hist=hist,
                     failure_class=cls)
@@ -438,7 +441,7 @@ def book(c: Case) -> None:
     if hist.incident is None:
         hist.open(cls, c.code, c.gpu, c.t0)
     else:
-        if hist.incident.escalated is not None and not n.out_of_service:
+        if hist.incident.escalated is not None and not c.out:
             hist.close(now, 0)
             hist.open(cls, c.code, c.gpu, now)
         inc = hist.incident
@@ -504,7 +507,7 @@ def limited_drain(c: Case, mk: Callable[..., Decision], what: str, why: str, rul
 
 def drain(c: Case) -> Optional[Decision]:
     """Still in service: drain it, when the limits allow (``blast_radius_drain`` holds it otherwise)."""
-    if c.n.out_of_service:
+    if c.out:
         return None
     why = "{} {}{}".format(c.verdict, c.code, f" gpu{c.gpu}" if c.gpu is not None else "")
     return limited_drain(c, c.mk_inc, c.code, why, "drain", hist=c.booked, hist_after=c.booked)
@@ -810,7 +813,7 @@ def blast_radius(c: Case, step: str) -> Optional[Decision]:
     Rule ``min_healthy`` when the partition is below min_healthy (nothing ends that but nodes coming back or a
     person: the run reports it as a problem), else ``blast_radius``."""
     below = c.limits.min_healthy_block(c.n)
-    block = below or c.limits.repair_block(c.n)
+    block = below or c.limits.concurrency_block(c.n)
     if not block:
         return None
     return c.mk_inc("hold", f"{step} next, but {block}", "min_healthy" if below else "blast_radius", hist=c.booked)
