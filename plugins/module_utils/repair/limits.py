@@ -76,7 +76,8 @@ class Limits:
         self.new_unavailable: Dict[GroupKey, int] = {}  # drains planned this run
         self.active: Dict[GroupKey, int] = {}  # nodes acted on (in progress + started now)
         self.parallel = 0
-        self.spares: Dict[str, List[Optional[str]]] = {}  # partition -> idle spares left (copied on first use)
+        # partition -> idle spares left, the next last (copied on first use, reversed: taking one costs nothing)
+        self.spares: Dict[str, List[Optional[str]]] = {}
         self.spares_taken: Set[str] = set()
         self._node_groups: Dict[str, List[Tuple[GroupKey, Counts, int]]] = {}
         self._need: Dict[str, int] = {}  # partition -> nodes min_healthy keeps available
@@ -198,9 +199,9 @@ class Limits:
             pool = self.spares.get(p)
             if pool is None:
                 counts = self.fleet.partitions.get(p)
-                pool = self.spares[p] = list(counts.spares) if counts is not None else []
+                pool = self.spares[p] = list(reversed(counts.spares)) if counts is not None else []
             while pool:
-                s = pool.pop(0)
+                s = pool.pop()
                 if s is None or s not in self.spares_taken:
                     if s is not None:
                         self.spares_taken.add(s)

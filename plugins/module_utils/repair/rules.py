@@ -167,11 +167,13 @@ def breaker_in_slurm(nodes: Any, brk: BreakerState, prefix: str) -> Optional[Bre
     if brk.tripped:
         return None
     suffix = ": " + BREAKER_HELD
+    start = prefix + " held"
     held = []
     for n in nodes:
-        if not n.out_of_service or n.foreign(prefix) or not n.reason.startswith(prefix + " held"):
+        reason = n.reason
+        if not reason.startswith(start) or not reason.endswith(suffix) or n.reason_time is None:
             continue
-        if not n.reason.endswith(suffix) or n.reason_time is None:
+        if not n.out_of_service or n.foreign(prefix):
             continue
         if brk.reset_at is None or n.reason_time > brk.reset_at:
             held.append(n)

@@ -318,6 +318,17 @@ def test_limits_arithmetic():
     assert budget_free_at(h, CONFIG, NOW + D) is None
 
 
+@pytest.mark.parametrize("spares", [["s1", "s2", "s3"], ("s1", "s2", "s3")], ids=["list", "tuple"])
+def test_hot_spares_are_taken_in_order_each_once(spares):
+    fl = FleetSummary(8, {"gpu": Counts(8, 8, 0, spares)})
+    lim = Limits(fl, RepairConfig.from_dict({}))
+    a, b = NodeState.from_dict(in_service("a")), NodeState.from_dict(in_service("b"))
+    got = [lim.take_spare(a), lim.take_spare(b), lim.take_spare(a), lim.take_spare(b)]
+    assert [m.spare if m else None for m in got] == ["s1", "s2", "s3", None]
+    assert [m.for_node for m in got[:3]] == ["a", "b", "a"]
+    assert list(fl.partitions["gpu"].spares) == ["s1", "s2", "s3"]  # the fleet's own list is not consumed
+
+
 def test_limits_count_drains_and_repairs_of_one_plan():
     lim = Limits(FleetSummary.from_dict(fleet(total=8, unavailable=0)), RepairConfig.from_dict(
         {"blast_radius": {"max_unavailable": 2, "min_healthy": 0, "max_parallel": 1}}))
