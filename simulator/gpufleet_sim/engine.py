@@ -64,6 +64,7 @@ class Sim(FaultProcesses, RepairRuns, Evictions, People):
         self.N = cl["nodes"]
         self.gpn = cl["gpus_per_node"]
         self.rack = cl["nodes_per_rack"]
+        self.rack_names = [f"r{r}" for r in range((self.N + self.rack - 1) // self.rack)]  # Slurm's rack features
         self.horizon = horizon_h if horizon_h is not None else (
             sc["horizon_days"] * 24.0 if sc["horizon_days"] else None)
         self.rep = sc["repair"]
@@ -309,12 +310,15 @@ class Sim(FaultProcesses, RepairRuns, Evictions, People):
     def fleet_summary(self, batch, spares: bool = True) -> FleetSummary:
         """The whole fleet as one repair run reads it: counts for the partition and for each rack of the nodes
         planned (a node's limits read its own rack only); as many idle hot spares as nodes planned at most."""
-        racks = {n // self.rack for n in batch}
+        size, names, rack_out = self.rack, self.rack_names, self.rack_out
         doms = {}
-        for r in racks:
-            total = min(self.rack, self.N - r * self.rack)
-            ro = self.rack_out.get(r, 0)
-            doms[f"r{r}"] = Counts(total, total - ro, ro)
+        for n in batch:
+            r = n // size
+            name = names[r]
+            if name not in doms:
+                total = min(size, self.N - r * size)
+                ro = rack_out.get(r, 0)
+                doms[name] = Counts(total, total - ro, ro)
         hot = [None] * min(len(self.idle), len(batch)) if spares and self.policy["spares"] == "hot" else []
         return FleetSummary(self.N, {PARTITION: Counts(self.N, self.N - self.out_count, self.out_count, hot)},
                             {"rack": doms})

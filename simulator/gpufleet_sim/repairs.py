@@ -46,19 +46,25 @@ class RepairRuns:
     def _repair_run(self, event: simpy.Event) -> None:
         """The repair run at ``event.value`` (its time): plan every node on it together."""
         batch = self._runs.pop(event.value)[1]
-        approvals: set = set()
-        for _sl, ap in batch.values():
-            approvals |= ap
-        self.stats["brain_calls"] += 1
-        self.stats["decisions"] += len(batch)
-        if len(batch) > self.stats["peak_run"]:
-            self.stats["peak_run"] = len(batch)
-        nodes = [v[0] for v in batch.values()]
+        stats = self.stats
+        stats["brain_calls"] += 1
+        stats["decisions"] += len(batch)
+        if len(batch) > stats["peak_run"]:
+            stats["peak_run"] = len(batch)
+        if len(batch) == 1:  # the usual run: one node
+            ((sl, approvals),) = batch.values()
+            nodes = [sl]
+        else:
+            approvals = set()
+            for _sl, ap in batch.values():
+                approvals |= ap
+            nodes = [v[0] for v in batch.values()]
         p = self.brain.plan_run(nodes, self.fleet_summary(batch), self.env.now, approvals, self.breaker)
-        if p.breaker is not None:
-            if p.breaker.tripped and not (self.breaker is not None and self.breaker.tripped):
-                self.stats["breaker_trips"] += 1
-            self.breaker = p.breaker
+        brk = p.breaker
+        if brk is not None:
+            if brk.tripped and not (self.breaker is not None and self.breaker.tripped):
+                stats["breaker_trips"] += 1
+            self.breaker = brk
         decided = self._decided
         if len(p) == 1:
             decided[next(iter(batch))] = p[0]
