@@ -6,6 +6,7 @@ replication of its defaults, in the same run: the two alternate, each in a fresh
 alone (imports and scenario loading not counted).
 """
 
+import functools
 import os
 import resource
 import subprocess
@@ -62,6 +63,69 @@ class _PlanClock(CollectionBrain):
             return super().plan_run(*a, **kw)
         finally:
             self.plan_cpu += time.process_time() - t
+
+
+class _Record(CollectionBrain):
+    """Measurement harness only: the real brain, its answers (repair runs and agent drain rules) kept in order."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.answers = []
+
+    def plan_run(self, *a, **kw):
+        self.answers.append(super().plan_run(*a, **kw))
+        return self.answers[-1]
+
+    def drain_rule(self, *a, **kw):
+        self.answers.append(super().drain_rule(*a, **kw))
+        return self.answers[-1]
+
+
+class _Replay(CollectionBrain):
+    """Measurement harness only: a run of the same seed answered from a _Record's answers, in order, so it does the
+    engine's work alone (the same events: its result must equal the recorded run's, else the split is void)."""
+
+    def __init__(self, answers, *a, **kw):
+        super().__init__(*a, **kw)
+        self._next = iter(answers).__next__
+
+    def plan_run(self, *a, **kw):
+        self.calls["plan"] += 1
+        return self._next()
+
+    def drain_rule(self, *a, **kw):
+        self.calls["drain_rule"] += 1
+        return self._next()
+
+
+def _result_only(r):
+    """A run's result without what may differ between two runs of the same decisions (nothing should)."""
+    return {k: v for k, v in r.items() if k not in ("wall_s", "cpu_s")}
+
+
+def engine_and_brain(sc, label, runs=3):
+    """The engine's CPU measured apart from the brain's: the run once with the real brain (its answers kept), then
+    ``runs`` times each, alternating, the real brain and a replay of its answers (the engine's work alone: the
+    least CPU of each is taken). Brain = real run - replay: plan(), the agent's drain rule and judge()."""
+    rec = default_brain(sc, cls=_Record)
+    want = _result_only(run_one(sc, POL, 1, rec))
+    real, replay = [], []
+    for _unused in range(runs):
+        t = time.process_time()
+        run_one(sc, POL, 1, default_brain(sc))
+        real.append(time.process_time() - t)
+        brain = default_brain(sc, cls=functools.partial(_Replay, rec.answers))
+        t = time.process_time()
+        got = _result_only(run_one(sc, POL, 1, brain))
+        replay.append(time.process_time() - t)
+        if got != want:
+            print(f"{label}: the replay did not repeat the run; no split")
+            return None
+    eng, tot = min(replay), min(real)
+    print(f"{label}: {tot:.2f} s CPU in all (least of {runs}); engine {eng:.2f} s (a replay of the run's "
+          f"{len(rec.answers):,} brain answers), brain {tot - eng:.2f} s: engine/brain {eng / (tot - eng):.2f} "
+          "(goal <= 1)")
+    return eng, tot - eng
 
 
 def timed(sc, label, engine_only=False):
@@ -174,6 +238,7 @@ def main():
     against_airesim()
     bad_servers_side_by_side()
     aire = scn.load(val.SCENARIOS / "airesim-default.yaml")
+    engine_and_brain(aire, "AIReSim default (4,096 servers, 256 days)")
     timed(aire, "AIReSim default (4,096 servers, 256 days)")
     timed(aire, "AIReSim default (4,096 servers, 256 days)", engine_only=True)
     raw = scn.load(val.SCENARIOS / "default-1k.yaml")["raw"]
