@@ -228,11 +228,11 @@ def _count_on_record(prepared: List[_Prepared], limits: Limits, config: RepairCo
     prefix = config.reason_prefix
     for p in prepared:
         inc = p.hist.incident if p.hist is not None else None
-        if inc is not None and inc.eviction is not None and inc.eviction.at >= since_ev:
+        if inc is None:
+            continue
+        if inc.eviction is not None and inc.eviction.at >= since_ev:
             limits.evictions += 1
-    for p in prepared:
-        h = p.hist
-        if h is not None and h.incident is not None and h.incident.pending() is not None and not p.node.foreign(prefix):
+        if inc.pending() is not None and not p.node.foreign(prefix):
             limits.take_active(p.node, started_now=False)
 
 
