@@ -181,7 +181,7 @@ def against_airesim(pairs=2):
     ratios = [t / o for t, o in zip(theirs, ours)]
     print(f"AIReSim default case against AIReSim 7b139c7 itself ({pairs} pairs, alternating, CPU of the run alone): "
           f"AIReSim {', '.join(f'{t:.2f}' for t in theirs)} s; ours {', '.join(f'{o:.2f}' for o in ours)} s; "
-          f"ours uses {min(ratios):.1f}-{max(ratios):.1f}x less CPU (goal >= 20x)")
+          f"ours uses {min(ratios):.1f}-{max(ratios):.1f}x less CPU (goal >= 10x)")
 
 
 AIRESIM_BAD = ("import statistics as st; from airesim.params import Params; from airesim.simulator import Simulator; "
