@@ -28,6 +28,13 @@ import json
 import time
 from pathlib import Path
 
+from ansible_collections.gpufleet.reliability.plugins.module_utils.health.metrics import (
+    DRAIN_METRIC,
+    FINDING_METRIC,
+    VERDICT_METRIC,
+    finding_labels,
+)
+
 from .brain import to_epoch
 from .report import _atomic_write
 
@@ -81,23 +88,20 @@ def series_jsonl(report_log) -> str:
         for f in rep.get("findings") or ():
             if f.get("severity") == "info":
                 continue
-            labels = (name, f.get("check") or "", f.get("code") or "",
-                      "" if f.get("gpu") is None else str(f["gpu"]),
-                      f.get("severity") or "", f.get("action") or "none")
-            findings.setdefault(labels, []).append([t, "1"])
+            labels = finding_labels(name, f.get("check") or "", f.get("code") or "", f.get("gpu"),
+                                    f.get("severity") or "", f.get("action") or "none")
+            findings.setdefault(tuple((k, str(v)) for k, v in labels.items()), []).append([t, "1"])
 
     def samples(values: list) -> list:  # one sample a time, in time order (a later report at one time wins)
         return sorted(dict(values).items())
 
     lines = []
     for name, values in verdict.items():
-        lines.append({"metric": {"__name__": "gpufleet_health_verdict", "node": name, "verdict": "unhealthy"},
+        lines.append({"metric": {"__name__": VERDICT_METRIC, "node": name, "verdict": "unhealthy"},
                       "values": samples(values)})
-        lines.append({"metric": {"__name__": "gpufleet_health_drain_requested", "node": name},
-                      "values": samples(drain[name])})
-    for (name, check, code, gpu, severity, action), values in findings.items():
-        lines.append({"metric": {"__name__": "gpufleet_health_finding", "node": name, "check": check, "code": code,
-                                 "gpu": gpu, "severity": severity, "action": action}, "values": samples(values)})
+        lines.append({"metric": {"__name__": DRAIN_METRIC, "node": name}, "values": samples(drain[name])})
+    for labels, values in findings.items():
+        lines.append({"metric": {"__name__": FINDING_METRIC, **dict(labels)}, "values": samples(values)})
     return "".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines)
 
 

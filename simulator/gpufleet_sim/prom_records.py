@@ -41,15 +41,20 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import IO, Any, Dict, Iterable, List, Optional, Tuple, Union
 
+from ansible_collections.gpufleet.reliability.plugins.module_utils.health.metrics import (
+    DRAIN_METRIC,
+    FINDING_METRIC,
+    VERDICT_METRIC,
+)
 from ansible_collections.gpufleet.reliability.plugins.module_utils.health.report import Finding, Report
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurmfacts import drain_reason
 
 from .calibrate import CalibrationError, Event, add_sources
 
 #: the metrics read (the agent's names, plugins/module_utils/health/metrics.py)
-VERDICT = "gpufleet_health_verdict"
-FINDING = "gpufleet_health_finding"
-DRAIN = "gpufleet_health_drain_requested"
+VERDICT = VERDICT_METRIC
+FINDING = FINDING_METRIC
+DRAIN = DRAIN_METRIC
 XID = "gpufleet_gpu_xid_errors_total"
 LAST_RUN = "gpufleet_health_last_run_timestamp_seconds"
 DURATION = "gpufleet_health_check_duration_seconds"

@@ -26,6 +26,18 @@ from .model import CLOCK_REASON_BITS, PROBE_FAILED, PROBE_TIMEOUT, GpuSnapshot, 
 from .report import ACTION_ORDER, SEVERITIES, VERDICTS, Report, action_rank
 
 PROM_FILE = "gpufleet_health.prom"
+#: The series a reader of the agent's history takes back (the simulator's export writes them, its calibrate reads them).
+VERDICT_METRIC = "gpufleet_health_verdict"
+DRAIN_METRIC = "gpufleet_health_drain_requested"
+FINDING_METRIC = "gpufleet_health_finding"
+
+
+def finding_labels(node: str, check: str, code: str, gpu: Any, severity: str, action: str) -> Dict[str, Any]:
+    """The labels of one ``gpufleet_health_finding`` series (a finding without a GPU: an empty ``gpu``)."""
+    return {"node": node, "check": check, "code": code, "gpu": "" if gpu is None else gpu, "severity": severity,
+            "action": action}
+
+
 NVLINK_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data")
 _SEEN_MAX = 1000  # kernel-event idents remembered so a replayed log is not counted twice
 
@@ -81,13 +93,13 @@ def prometheus_text(report: Report, snap: Optional[Snapshot], duration_s: float,
     w = Writer()
     n = {"node": node}
     verdict, action = report.verdict, report.action
-    w.metric("gpufleet_health_verdict", "Node health verdict (1 for the current one).", "gauge",
+    w.metric(VERDICT_METRIC, "Node health verdict (1 for the current one).", "gauge",
              [({"node": node, "verdict": v}, int(v == verdict)) for v in VERDICTS])
     w.metric("gpufleet_health_action", "Recommended action (1 for the current one).", "gauge",
              [({"node": node, "action": a}, int(a == action)) for a in ACTION_ORDER])
     w.metric("gpufleet_health_action_rank", "Recommended action as a number: 0 none, 1 monitor, 2 reset_gpu, "
              "3 reboot, 4 reimage, 5 replace.", "gauge", [(n, action_rank(action))])
-    w.metric("gpufleet_health_drain_requested", "1 when a finding asks for the node to be drained although no "
+    w.metric(DRAIN_METRIC, "1 when a finding asks for the node to be drained although no "
              "automatic repair applies (node-level power brake / HW slowdown).", "gauge", [(n, int(report.drain))])
     w.metric("gpufleet_health_exit_code", "Exit code of the last check (0 healthy .. 3 unknown).", "gauge",
              [(n, report.exit_code)])
@@ -101,13 +113,12 @@ def prometheus_text(report: Report, snap: Optional[Snapshot], duration_s: float,
     for f in report.findings:
         if f.severity == "info":
             continue
-        labels = {"node": node, "check": f.check, "code": f.code, "gpu": "" if f.gpu is None else f.gpu,
-                  "severity": f.severity, "action": f.action}
+        labels = finding_labels(node, f.check, f.code, f.gpu, f.severity, f.action)
         key = tuple(labels.items())
         if key not in seen:
             seen.add(key)
             samples.append((labels, 1))
-    w.metric("gpufleet_health_finding", "One series per non-informational finding of the last check.", "gauge",
+    w.metric(FINDING_METRIC, "One series per non-informational finding of the last check.", "gauge",
              samples, always=True)
     w.metric("gpufleet_health_last_run_timestamp_seconds", "When the last check ran (Unix time).", "gauge",
              [(n, float(report.checked_at or now or 0.0))])
