@@ -202,6 +202,11 @@ fi
             assert r.status == "failed", r.status  # what AWX shows as the job status
         return r, artifacts
 
+    @property
+    def remote_tmp(self) -> Path:
+        """Where the modules of a run started by start_async() run from (their command lines name it)."""
+        return self.tmp / "remote-tmp"
+
     def start_async(self, **kw):
         """Start repair.yml as a separate process (ansible-playbook, same extravars); returns the Popen."""
         ev = self.extravars(**kw)
@@ -212,6 +217,10 @@ fi
         # temporary directory (pytest's to clean), not the machine's /tmp
         env["TMPDIR"] = str(self.tmp / "tmp")
         (self.tmp / "tmp").mkdir(exist_ok=True)
+        # its modules run from a directory of the test's own, so a test that kills the run's leftovers kills only
+        # this run's (another lane runs the same modules at the same time)
+        env["ANSIBLE_REMOTE_TEMP"] = str(self.remote_tmp)
+        env["ANSIBLE_LOCAL_TEMP"] = str(self.tmp / "local-tmp")
         return subprocess.Popen([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,",
                                  str(REPO / "playbooks" / "repair.yml"), "-e", f"@{varfile}"], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -250,20 +259,6 @@ fi
                 return seen
         raise AssertionError(f"not converged after {runs} runs: {self.lab.node_states()}\n"
                              f"{json.dumps(seen, indent=1)[-4000:]}")
-
-
-def processes_with(arg: bytes) -> list:
-    """PIDs whose command line holds ``arg``."""
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/cmdline", "rb") as fh:
-                    if arg in fh.read():
-                        out.append(int(d))
-            except OSError:
-                pass
-    return out
 
 
 def wait_until(pred, timeout=60, interval=0.2, what="condition", show=None):

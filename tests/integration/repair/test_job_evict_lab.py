@@ -22,7 +22,8 @@ import time
 
 import pytest
 
-from support.repair_lab import processes_with, wait_until
+from support.procs import processes_with
+from support.repair_lab import wait_until
 
 pytestmark = pytest.mark.lab
 
@@ -216,9 +217,10 @@ def test_a_run_killed_after_the_signal_converges_on_the_next_run(repair_lab, tmp
                    what="the job signalled")
         assert proc.poll() is None, "the run ended before it could be killed"
         os.killpg(proc.pid, signal.SIGKILL)
-        # Ansible's workers call setsid and outlive a kill of the run: kill them, and the eviction in flight
+        # Ansible's workers call setsid and outlive a kill of the run: kill them, and the eviction in flight (this
+        # run's only: the other Slurm lane may be running its own eviction now)
         varfile = str(proc.args[-1]).lstrip("@").encode()
-        for pid in processes_with(varfile) + processes_with(b"AnsiballZ_job_evict"):
+        for pid in processes_with(varfile) + processes_with(b"AnsiballZ_job_evict", str(rl.remote_tmp).encode()):
             os.kill(pid, signal.SIGKILL)
     finally:
         rl.kill(proc)

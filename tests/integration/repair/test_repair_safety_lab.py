@@ -17,7 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import SlurmClient
-from support.repair_lab import processes_with, wait_until
+from support.procs import processes_with
+from support.repair_lab import wait_until
 
 pytestmark = pytest.mark.lab
 
