@@ -43,23 +43,20 @@ from typing import IO, Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.health.metrics import (
     DRAIN_METRIC,
+    DURATION_METRIC,
     FINDING_METRIC,
+    LAST_RUN_METRIC,
     VERDICT_METRIC,
+    XID_METRIC,
 )
 from ansible_collections.gpufleet.reliability.plugins.module_utils.health.report import Finding, Report
 from ansible_collections.gpufleet.reliability.plugins.module_utils.slurmfacts import drain_reason
 
 from .calibrate import CalibrationError, Event, add_sources
 
-#: the metrics read (the agent's names, plugins/module_utils/health/metrics.py)
-VERDICT = VERDICT_METRIC
-FINDING = FINDING_METRIC
-DRAIN = DRAIN_METRIC
-XID = "gpufleet_gpu_xid_errors_total"
-LAST_RUN = "gpufleet_health_last_run_timestamp_seconds"
-DURATION = "gpufleet_health_check_duration_seconds"
-QUERIES = {VERDICT: f'{VERDICT}{{verdict="unhealthy"}}', FINDING: FINDING, DRAIN: DRAIN, XID: XID,
-           LAST_RUN: LAST_RUN, DURATION: DURATION}
+#: the metrics read (the agent's names, plugins/module_utils/health/metrics.py) and the query of each
+QUERIES = {VERDICT_METRIC: f'{VERDICT_METRIC}{{verdict="unhealthy"}}',
+           **{m: m for m in (FINDING_METRIC, DRAIN_METRIC, XID_METRIC, LAST_RUN_METRIC, DURATION_METRIC)}}
 #: checks needed before the site's check interval and check time replace the scenario's
 MIN_CHECKS = 5
 #: a gap between two checks longer than this is a node out of service or not reporting, not its timer
@@ -122,8 +119,8 @@ def _series(item: Any, where: str, name: Optional[str] = None) -> Series:
     labels = _labels(item.get("metric", {}), where)
     metric = labels.pop("__name__", None) or name
     if not metric:
-        raise PromError(f"{where}: metric: no __name__ (save plain selectors such as {VERDICT}, whose answers keep "
-                        f"it)")
+        raise PromError(f"{where}: metric: no __name__ (save plain selectors such as {VERDICT_METRIC}, whose answers "
+                        f"keep it)")
     return Series(metric, labels, _values(item["values"], where))
 
 
@@ -224,11 +221,11 @@ def episodes(series: Iterable[Series]) -> List[Event]:
         node = s.labels.get("node", "")
         if not node:
             continue
-        if s.name == VERDICT and s.labels.get("verdict") == "unhealthy" or s.name == DRAIN:
+        if s.name == VERDICT_METRIC and s.labels.get("verdict") == "unhealthy" or s.name == DRAIN_METRIC:
             seen = sick.setdefault(node, {})
             for t, x in s.values:
                 seen[t] = seen.get(t, False) or x == 1
-        elif s.name == FINDING:
+        elif s.name == FINDING_METRIC:
             f = _finding(s.labels)
             if f is not None:
                 for t, x in s.values:
@@ -262,7 +259,7 @@ def xid_counts(series: Iterable[Series], t0: float, t1: float, grace: float) -> 
     a GPU's counter for a code at its first line of that code): its first value counts too."""
     out: Dict[str, float] = {}
     for s in series:
-        if s.name != XID:
+        if s.name != XID_METRIC:
             continue
         code = s.labels.get("xid", "")
         prev = None
@@ -286,9 +283,9 @@ def detection(series: Iterable[Series], t0: float, t1: float) -> dict:
     runs: Dict[str, Dict[float, float]] = {}  # node -> sample time -> the check it shows (its start, epoch)
     took: Dict[str, Dict[float, float]] = {}  # node -> sample time -> that check's run time, seconds
     for s in series:
-        if s.name not in (LAST_RUN, DURATION) or not s.labels.get("node"):
+        if s.name not in (LAST_RUN_METRIC, DURATION_METRIC) or not s.labels.get("node"):
             continue
-        into = (runs if s.name == LAST_RUN else took).setdefault(s.labels["node"], {})
+        into = (runs if s.name == LAST_RUN_METRIC else took).setdefault(s.labels["node"], {})
         for t, x in s.values:
             if t0 <= t < t1 and math.isfinite(x):
                 into[t] = x

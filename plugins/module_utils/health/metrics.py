@@ -30,6 +30,9 @@ PROM_FILE = "gpufleet_health.prom"
 VERDICT_METRIC = "gpufleet_health_verdict"
 DRAIN_METRIC = "gpufleet_health_drain_requested"
 FINDING_METRIC = "gpufleet_health_finding"
+LAST_RUN_METRIC = "gpufleet_health_last_run_timestamp_seconds"
+DURATION_METRIC = "gpufleet_health_check_duration_seconds"
+XID_METRIC = "gpufleet_gpu_xid_errors_total"
 
 
 def finding_labels(node: str, check: str, code: str, gpu: Any, severity: str, action: str) -> Dict[str, Any]:
@@ -120,9 +123,9 @@ def prometheus_text(report: Report, snap: Optional[Snapshot], duration_s: float,
             samples.append((labels, 1))
     w.metric(FINDING_METRIC, "One series per non-informational finding of the last check.", "gauge",
              samples, always=True)
-    w.metric("gpufleet_health_last_run_timestamp_seconds", "When the last check ran (Unix time).", "gauge",
+    w.metric(LAST_RUN_METRIC, "When the last check ran (Unix time).", "gauge",
              [(n, float(report.checked_at or now or 0.0))])
-    w.metric("gpufleet_health_check_duration_seconds", "Wall time of the last check.", "gauge",
+    w.metric(DURATION_METRIC, "Wall time of the last check.", "gauge",
              [(n, float(duration_s))])
     if slurm is not None:
         w.metric("gpufleet_health_drained", "1 when this check drained the node.", "gauge",
@@ -248,7 +251,7 @@ def _counters(w: Writer, node: str, snap: Optional[Snapshot], counters: Mapping[
     for key, count in sorted(_count_map(counters.get("xid")).items()):
         pci, _sep, code = key.partition("|")
         xid.append(({"node": node, "gpu": gpu_of.get(pci, ""), "pci_bus_id": pci, "xid": code}, count))
-    w.metric("gpufleet_gpu_xid_errors_total", "Xid events in the kernel log by GPU and code since the state file "
+    w.metric(XID_METRIC, "Xid events in the kernel log by GPU and code since the state file "
              "was created.", "counter", xid, always=True)
     last_seen = counters.get("xid_last")
     last = last_seen if isinstance(last_seen, Mapping) else {}

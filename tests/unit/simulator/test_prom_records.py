@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ansible_collections.gpufleet.reliability.plugins.module_utils.health import metrics
 from gpufleet_sim import calibrate as cal
 from gpufleet_sim import prom_records as pr
 from gpufleet_sim import scenario as scn
@@ -48,12 +49,12 @@ def _series(*items):
 
 
 def _verdict(node, values):
-    return {"metric": {"__name__": pr.VERDICT, "node": node, "verdict": "unhealthy"},
+    return {"metric": {"__name__": metrics.VERDICT_METRIC, "node": node, "verdict": "unhealthy"},
             "values": [[t, str(v)] for t, v in values]}
 
 
 def _finding(node, code, t, severity="critical", action="reboot", gpu="1"):
-    return {"metric": {"__name__": pr.FINDING, "node": node, "check": "kmsg", "code": code, "gpu": gpu,
+    return {"metric": {"__name__": metrics.FINDING_METRIC, "node": node, "check": "kmsg", "code": code, "gpu": gpu,
                        "severity": severity, "action": action}, "values": [[t, "1"]]}
 
 
@@ -105,14 +106,15 @@ def test_an_episode_runs_from_the_first_unhealthy_sample_to_the_first_that_is_no
 
 
 def test_a_drain_request_without_an_unhealthy_verdict_is_an_episode_too():
-    series = _series({"metric": {"__name__": pr.DRAIN, "node": "n1"}, "values": [[10, "0"], [70, "1"], [130, "0"]]},
+    series = _series({"metric": {"__name__": metrics.DRAIN_METRIC, "node": "n1"},
+                      "values": [[10, "0"], [70, "1"], [130, "0"]]},
                      _finding("n1", "hw_slowdown", 70, severity="warning", action="none", gpu=""))
     assert [(e.start, e.end, cal.event_key(e.reason)) for e in pr.episodes(series)] == [(70.0, 130.0, "hw_slowdown")]
 
 
 def test_xid_counters_count_increases_resets_and_counters_born_in_the_window():
     def xid(code, values):
-        return {"metric": {"__name__": pr.XID, "node": "n1", "gpu": "0", "xid": code},
+        return {"metric": {"__name__": metrics.XID_METRIC, "node": "n1", "gpu": "0", "xid": code},
                 "values": [[t, str(v)] for t, v in values]}
     series = _series(xid("79", [(0, 5), (60, 5), (120, 7), (180, 1), (240, 2)]),  # +2, a reset (+1), +1
                      xid("48", [(600, 1), (660, 1)]))  # first seen well after the start: its first line counts
@@ -145,7 +147,7 @@ def test_hostile_series_are_refused_by_line_and_field(line, match):
 
 def test_a_genuine_answer_is_read():
     (s,) = pr.read_series_file(io.StringIO(json.dumps(GOOD) + "\n\n"), "series")
-    want = (pr.VERDICT, {"node": "n1", "verdict": "unhealthy"}, [(1.5, 1.0), (61.5, 0.0)])
+    want = (metrics.VERDICT_METRIC, {"node": "n1", "verdict": "unhealthy"}, [(1.5, 1.0), (61.5, 0.0)])
     assert (s.name, s.labels, s.values) == want
 
 
@@ -159,7 +161,7 @@ def _answer(path, _headers):
     start, end, step = float(q["start"]), float(q["end"]), float(q["step"])
     values = [[start + i * step, "1"] for i in range(int((end - start) // step) + 1)]
     return 200, json.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
-        {"metric": {"__name__": pr.VERDICT, "node": "n1", "verdict": "unhealthy"}, "values": values}]}})
+        {"metric": {"__name__": metrics.VERDICT_METRIC, "node": "n1", "verdict": "unhealthy"}, "values": values}]}})
 
 
 @pytest.fixture
@@ -246,8 +248,10 @@ def _checks(node, starts, took, scrape=15.0):
         last.append(starts[i])
         dur.append(took[i])
         t += scrape
-    return [{"metric": {"__name__": pr.LAST_RUN, "node": node}, "values": [[a, str(b)] for a, b in zip(times, last)]},
-            {"metric": {"__name__": pr.DURATION, "node": node}, "values": [[a, str(b)] for a, b in zip(times, dur)]}]
+    return [{"metric": {"__name__": metrics.LAST_RUN_METRIC, "node": node},
+             "values": [[a, str(b)] for a, b in zip(times, last)]},
+            {"metric": {"__name__": metrics.DURATION_METRIC, "node": node},
+             "values": [[a, str(b)] for a, b in zip(times, dur)]}]
 
 
 def test_the_time_to_detect_is_the_check_interval_and_the_checks_run_time():
