@@ -64,7 +64,8 @@ class Sim(FaultProcesses, RepairRuns, Evictions, People):
         self.N = cl["nodes"]
         self.gpn = cl["gpus_per_node"]
         self.rack = cl["nodes_per_rack"]
-        self.rack_names = [f"r{r}" for r in range((self.N + self.rack - 1) // self.rack)]  # Slurm's rack features
+        #: each rack's name (``r12``), the one place the simulator names its racks
+        self.rack_names = [f"r{r}" for r in range((self.N + self.rack - 1) // self.rack)]
         self.horizon = horizon_h if horizon_h is not None else (
             sc["horizon_days"] * 24.0 if sc["horizon_days"] else None)
         self.rep = sc["repair"]

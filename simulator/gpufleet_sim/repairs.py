@@ -14,6 +14,7 @@ import simpy
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import NodeState, loads
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.drain import wants_drain
+from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.fleet import DOMAIN_PREFIXES
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.model import (
     RULE_BLAST_RADIUS_DRAIN,
     RULE_BREAKER,
@@ -25,6 +26,9 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.slurmfacts im
 from .brain import PARTITION, to_epoch, to_hours
 from .records import ACT_HOLD, Failure, H, NodeRec
 from .scenario import LEVEL
+
+#: the node feature that names a node's rack, as the Slurm adapter reads it (``rack_r12``: rack r12)
+RACK_FEATURE = DOMAIN_PREFIXES["rack"]
 
 
 class RepairRuns:
@@ -207,7 +211,8 @@ class RepairRuns:
         """The node's virtual Slurm record (kept with its repair history for the node's life)."""
         rec = self._rec(n)
         if rec.slurm is None:
-            rec.slurm = self.vslurm.add(NodeState(f"node{n:06d}", (PARTITION,), {"rack": f"r{n // self.rack}"}))
+            rack = self.rack_names[n // self.rack]
+            rec.slurm = self.vslurm.add(NodeState(f"node{n:06d}", (PARTITION,), {"rack": rack}))
         return rec.slurm
 
     def slurm_nodes(self) -> list:
@@ -217,7 +222,8 @@ class RepairRuns:
         base = self._in_service
         if base is None:
             base = self._in_service = [Node(f"node{n:06d}", "allocated", partitions=[PARTITION],
-                                            features=[f"rack_r{n // self.rack}"]) for n in range(self.N)]
+                                            features=[f"{RACK_FEATURE}_{self.rack_names[n // self.rack]}"])
+                                       for n in range(self.N)]
         out = list(base)
         for n, o in enumerate(self.owner):
             if o != -2:
