@@ -38,6 +38,13 @@ LANES: dict[str, list[str]] = {
     "slurm-22.05": ["integration-lab"],
     "slurm-24.11": ["integration-2411"],
 }
+# what a lane's steps get in their environment: the two Slurm lanes deal the repair scenarios between them (each
+# release runs half of them and every other lab test: tests/integration/conftest.py); a lane run alone keeps its
+# share, `make integration-lab` by hand runs them all
+LANE_ENV: dict[str, dict[str, str]] = {
+    "slurm-22.05": {"LAB_SHARE": "1/2"},
+    "slurm-24.11": {"LAB_SHARE": "2/2"},
+}
 
 COUNT_RE = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected)")
 # pytest's closing line, with -q ("3 failed, 90 passed, 2 warnings in 81.20s (0:01:21)") or without ("=== ... ===")
@@ -109,7 +116,8 @@ def run_lane(lane: Lane) -> None:
             log.flush()
             t0 = time.monotonic()
             lane.proc = subprocess.Popen(MAKE + [step.target], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         env={**os.environ, **LANE_ENV.get(lane.name, {})})
             _pid, status, usage = os.wait4(lane.proc.pid, 0)
             step.rc = lane.proc.returncode = os.waitstatus_to_exitcode(status)
             step.cpu = usage.ru_utime + usage.ru_stime

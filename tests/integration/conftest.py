@@ -12,9 +12,17 @@ that is drained or down resumed, all nodes idle.
 
 Every test that uses them is marked ``@pytest.mark.lab``. Missing Slurm binaries make the fixture FAIL.
 
-Settings: SLURM_LAB_RELEASE (22.05 or 24.11), SLURM_LAB_NODES [4], SLURM_LAB_NODE_PREFIX [node]; SLURM_LAB_PORT_BASE
-asks for one block (the factory otherwise picks a free one). The fixture never attaches to a lab it did not start:
-a person's ``make lab`` or another run's lab on the asked-for block is a failure that names its owner.
+The repair scenarios (marked ``scenario``: a playbook or the agent driven through a fault to its end, minutes each)
+go through the same Slurm calls that the adapter, node and step tests check on both releases. ``make test`` runs
+the lab suite on both releases in two lanes and deals the scenarios between them (``LAB_SHARE=1/2`` and ``2/2``, set
+by scripts/test_lanes.py): the scenarios in collection order, every second one to each lane, so each release runs
+half of them and every other lab test. Without LAB_SHARE (``make integration-lab``, ``make integration-2411``, a
+file by hand) every scenario runs.
+
+Settings: SLURM_LAB_RELEASE (22.05 or 24.11), LAB_SHARE (K/N: the K-th of N shares of the scenarios),
+SLURM_LAB_NODES [4], SLURM_LAB_NODE_PREFIX [node]; SLURM_LAB_PORT_BASE asks for one block (the factory otherwise
+picks a free one). The fixture never attaches to a lab it did not start: a person's ``make lab`` or another run's
+lab on the asked-for block is a failure that names its owner.
 """
 from __future__ import annotations
 
@@ -23,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from support.labs import LabError, SlurmLab, check_prerequisites, new_lab
+from support.labs import LabError, SlurmLab, check_prerequisites, dealt_away, new_lab
 from support.shared import run_sshd_dir as shared_run_sshd_dir
 
 __all__ = ["LabError", "SlurmLab"]
@@ -41,7 +49,16 @@ HEAVY_FIRST = (
 HERE = Path(__file__).resolve().parent
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
+    try:
+        dealt = dealt_away([it.nodeid for it in items if it.get_closest_marker("scenario")],
+                           os.environ.get("LAB_SHARE", ""))
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
+    if dealt:
+        config.hook.pytest_deselected(items=[it for it in items if it.nodeid in dealt])
+        items[:] = [it for it in items if it.nodeid not in dealt]
+
     def rank(item) -> int:
         try:
             rel = Path(item.path).resolve().relative_to(HERE).as_posix()

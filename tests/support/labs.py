@@ -28,6 +28,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -417,6 +418,18 @@ class SlurmLab:
             if time.monotonic() >= deadline:
                 raise LabError(f"lab reset: nodes not idle within {timeout}s: {current}")
             time.sleep(0.2)
+
+
+def dealt_away(scenarios: list[str], share: str) -> set[str]:
+    """The scenarios (test ids, in collection order) that LAB_SHARE ``share`` ('K/N': the K-th of N shares) leaves
+    to the other lanes: every N-th from the K-th is kept. '' keeps them all. ValueError names LAB_SHARE."""
+    if not share:
+        return set()
+    m = re.fullmatch(r"([1-9][0-9]*)/([1-9][0-9]*)", share)
+    if not m or int(m.group(1)) > int(m.group(2)):
+        raise ValueError(f"LAB_SHARE: expected K/N with 1 <= K <= N (such as 1/2), got {share!r}")
+    k, n = int(m.group(1)), int(m.group(2))
+    return {t for i, t in enumerate(scenarios) if i % n != k - 1}
 
 
 def lane_release() -> str:

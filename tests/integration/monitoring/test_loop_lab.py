@@ -30,7 +30,7 @@ from conftest import (
 
 from support.repair_lab import REPO, RepairLab  # the repair lab (fakegpu GPUs, repair.yml runs)
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.scenario]  # scenario: dealt between the releases (conftest)
 HOOK = Path(__file__).resolve().parent / "eda_lab_hook.py"
 RULES = REPO / "monitoring" / "prometheus" / "gpufleet-alerts.yml"
 TOKEN = "loop-test-token-7d1e"

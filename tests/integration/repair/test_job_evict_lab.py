@@ -25,6 +25,8 @@ import pytest
 from support.procs import processes_with
 from support.repair_lab import wait_until
 
+# the warned job onto the spare and the requeue of a job that ignores the signal run on both releases; the other
+# scenarios are dealt between them (tests/integration/conftest.py)
 pytestmark = pytest.mark.lab
 
 # The job: a step every 0.2 s, a checkpoint every 25 steps (5 s), and on the signal (to the batch shell) a
@@ -146,6 +148,7 @@ def test_warned_node_checkpoints_the_job_onto_the_spare_and_it_resumes(repair_la
     lab.run("scancel", job)
 
 
+@pytest.mark.scenario
 def test_wait_keeps_the_job_on_the_drained_node_until_it_ends(repair_lab, tmp_path):
     rl = repair_lab
     rl.spare(rl.lab.nodes[-1])
@@ -182,6 +185,7 @@ def test_a_job_that_ignores_the_signal_is_requeued_after_its_grace(repair_lab, t
     rl.lab.run("scancel", job)
 
 
+@pytest.mark.scenario
 @pytest.mark.parametrize("extra, why", [
     (("--no-requeue",), "is not requeueable"),
     (("--comment=llm-70b gpufleet:no-evict",), "opted out (its comment holds 'gpufleet:no-evict')"),
@@ -201,6 +205,7 @@ def test_a_job_that_may_not_be_evicted_keeps_the_node(repair_lab, tmp_path, extr
     rl.lab.run("scancel", job)
 
 
+@pytest.mark.scenario
 def test_a_run_killed_after_the_signal_converges_on_the_next_run(repair_lab, tmp_path):
     """SIGKILL of the repair run (and of the eviction it was running) between the signal and the requeue: the
     intent is on record, so the next run past the grace requeues the job, which resumes on the spare."""
@@ -240,6 +245,7 @@ def test_a_run_killed_after_the_signal_converges_on_the_next_run(repair_lab, tmp
     rl.lab.run("scancel", job)
 
 
+@pytest.mark.scenario
 def test_an_eviction_storm_is_held_past_the_limit_and_the_run_says_so(repair_lab, tmp_path):
     """Two warned nodes, each with a job, and jobs.max_evictions 1: one job is evicted, the other keeps its node
     (rule eviction_limit), and the run fails, naming the held eviction, as for other held work."""

@@ -15,7 +15,7 @@ import pytest
 
 from support.repair_lab import FAKEGPU, wait_until
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.scenario]  # scenario: dealt between the releases (conftest)
 
 
 def test_a_verified_reset_is_not_undone_by_the_agents_memory(repair_lab):

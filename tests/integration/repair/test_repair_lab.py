@@ -17,7 +17,7 @@ from support.repair_lab import REPO, wait_until
 
 SCENARIO = REPO / "simulator" / "scenarios" / "default-1k.yaml"
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.scenario]  # scenario: dealt between the releases (conftest)
 
 
 def _idle(rl, node):

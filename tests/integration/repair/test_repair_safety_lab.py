@@ -20,7 +20,7 @@ from ansible_collections.gpufleet.reliability.plugins.module_utils.slurm import 
 from support.procs import processes_with
 from support.repair_lab import wait_until
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.scenario]  # scenario: dealt between the releases (conftest)
 
 OPS = "ops: cable"
 

@@ -15,7 +15,7 @@ import pytest
 
 from support.repair_lab import REPO
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.scenario]  # scenario: dealt between the releases (conftest)
 
 GPU = REPO / "tests" / "fixtures" / "gpu"
 HEALTHY_XML = GPU / "h100-8gpu-580.105.08-healthy.nvidia-smi-q-x.xml"

@@ -5,8 +5,13 @@ show in make test's table."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
+
+import pytest
+
+from support.labs import dealt_away
 
 SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "test_lanes.py"
 spec = importlib.util.spec_from_file_location("test_lanes", SCRIPT)
@@ -34,6 +39,29 @@ def test_every_lane_names_make_targets_that_exist():
     for steps in lanes.LANES.values():
         for target in steps:
             assert f"\n{target}:" in makefile, target
+
+
+def test_the_slurm_lanes_deal_the_scenarios_between_them_and_both_run_the_rest():
+    ids = [f"tests/integration/repair/test_x.py::test_{i}" for i in range(7)]
+    shares = [v["LAB_SHARE"] for k, v in lanes.LANE_ENV.items() if k.startswith("slurm-")]
+    assert sorted(shares) == ["1/2", "2/2"]
+    kept = [set(ids) - dealt_away(ids, s) for s in shares]
+    assert kept[0].isdisjoint(kept[1]) and kept[0] | kept[1] == set(ids)  # each scenario once, on one release
+    assert {len(k) for k in kept} == {3, 4}
+    assert dealt_away(ids, "") == set() and dealt_away(ids, "1/1") == set()
+    for bad in ("3/2", "0/2", "1/0", "1/2 ", "half", "-1/2"):
+        with pytest.raises(ValueError, match=r"LAB_SHARE: expected K/N.*" + re.escape(repr(bad))):
+            dealt_away(ids, bad)
+
+
+def test_a_lane_passes_its_environment_to_its_steps(tmp_path, monkeypatch):
+    show = "import os, sys\nprint(os.environ.get('LAB_SHARE', '-'))\nsys.exit(0)\n"
+    monkeypatch.setattr(lanes, "MAKE", [sys.executable, "-c", show])
+    monkeypatch.delenv("LAB_SHARE", raising=False)
+    for name, want in (("slurm-24.11", "2/2"), ("unit", "-")):
+        lane = lanes.Lane(name, [lanes.Step("target")], log=tmp_path / f"{name}.log")
+        lanes.run_lane(lane)
+        assert lane.ok and lane.log.read_text().splitlines()[-1] == want, lane.log.read_text()
 
 
 def test_a_step_reports_its_status_tests_and_cpu_time(tmp_path, monkeypatch, capsys):
