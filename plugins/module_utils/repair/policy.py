@@ -149,11 +149,12 @@ def plan(
 
     order = sorted(prepared, key=lambda p: (p.first_seen, p.node.name)) if len(prepared) > 1 else prepared
     decisions: List[Decision] = []
-    for n, node_hist, verdict, action, code, gpu, t0 in order:
+    for n, node_hist, verdict, action, code, gpu, t0, foreign in order:
         if n.name in problems:
-            d = _problem(n, problems[n.name], config, now)
+            d = _problem(n, problems[n.name], foreign, config, now)
         else:
-            d = decide(Case(n, node_hist, verdict, action, code, gpu, t0, config, limits, brk, approved, now))
+            d = decide(Case(n, node_hist, verdict, action, code, gpu, t0, config, limits, brk, approved, now,
+                            foreign))
         if d.hist is not None and n.history_empty and d.hist == _EMPTY:
             d.hist = None  # nothing to record: leave the field as it is
         decisions.append(d)
@@ -173,6 +174,7 @@ class _Prepared(NamedTuple):
     code: str
     gpu: Optional[int]
     first_seen: float
+    foreign: Optional[str]  # why the node is not ours to act on (NodeState.foreign), read once
 
 
 def _prepare(nodes: List[NodeState], config: RepairConfig, now: float
@@ -182,7 +184,9 @@ def _prepare(nodes: List[NodeState], config: RepairConfig, now: float
     keep, cap = retention(config)
     prepared: List[_Prepared] = []
     problems: Dict[str, Tuple[str, str]] = {}
+    prefix = config.reason_prefix
     for n in nodes:
+        foreign = n.foreign(prefix)
         if n.report_error:
             problems[n.name] = ("bad_report", f"health report unusable (attention[{n.name}].report: "
                                               f"unreadable: {n.report_error})")
@@ -195,13 +199,13 @@ def _prepare(nodes: List[NodeState], config: RepairConfig, now: float
                 verdict, action, code, gpu = "unknown", "none", "", None
         if n.history_error is not None:
             problems[n.name] = ("history_unreadable", f"repair history unreadable ({n.history_error})")
-            prepared.append(_Prepared(n, None, verdict, action, code, gpu, now))
+            prepared.append(_Prepared(n, None, verdict, action, code, gpu, now, foreign))
             continue
         if n.history_foreign:
-            prepared.append(_Prepared(n, None, verdict, action, code, gpu, now))
+            prepared.append(_Prepared(n, None, verdict, action, code, gpu, now, foreign))
             continue
         hist = History() if n.history is None else n.history.pruned(now, keep, cap)
-        prepared.append(_Prepared(n, hist, verdict, action, code, gpu, _first_seen(n, hist, now)))
+        prepared.append(_Prepared(n, hist, verdict, action, code, gpu, _first_seen(n, hist, now), foreign))
     return prepared, problems
 
 
@@ -225,21 +229,21 @@ def _count_on_record(prepared: List[_Prepared], limits: Limits, config: RepairCo
     the window (jobs.max_evictions), and nodes already under repair (the concurrency limits; a node someone else
     took over is not under repair by us any more)."""
     since_ev = now - config.eviction_window_s
-    prefix = config.reason_prefix
     for p in prepared:
         inc = p.hist.incident if p.hist is not None else None
         if inc is None:
             continue
         if inc.eviction is not None and inc.eviction.at >= since_ev:
             limits.evictions += 1
-        if inc.pending() is not None and not p.node.foreign(prefix):
+        if inc.pending() is not None and not p.foreign:
             limits.take_active(p.node, started_now=False)
 
 
-def _problem(n: NodeState, problem: Tuple[str, str], config: RepairConfig, now: float) -> Decision:
-    """A node whose history or report cannot be used: hold it (never touched), say why; the others plan as usual."""
+def _problem(n: NodeState, problem: Tuple[str, str], foreign: Optional[str], config: RepairConfig,
+             now: float) -> Decision:
+    """A node whose history or report cannot be used: hold it (never touched), say why; the others plan as usual.
+    ``foreign``: why the node is not ours (NodeState.foreign), or None."""
     rule, why = problem
-    foreign = n.foreign(config.reason_prefix)
     short: Optional[str]
     if foreign:
         why = f"{foreign}; never touched; also: {why}"

@@ -85,7 +85,7 @@ class Case:
 
     def __init__(self, n: Any, hist: Optional[History], verdict: str, report_action: str, code: str,
                  gpu: Optional[int], t0: float, config: RepairConfig, limits: Limits, brk: BreakerState,
-                 approved: Approvals, now: float):
+                 approved: Approvals, now: float, foreign: Optional[str]):
         self.n = n
         self.hist = hist
         self.verdict = verdict
@@ -104,9 +104,10 @@ class Case:
         self.pending_before: Optional[Step] = None
         self.booked: Optional[History] = None
         self.cls: str = ""
-        #: the node's Slurm facts, read once per decision (a plan never changes a node's record)
+        #: the node's Slurm facts, read once per plan (a plan never changes a node's record): out of service, and
+        #: why the node is not ours (``n.foreign(config.reason_prefix)``, which plan() reads up front)
         self.out: bool = n.out_of_service
-        self.why_foreign: Optional[str] = n.foreign(config.reason_prefix)
+        self.why_foreign = foreign
 
     def mk(self, action: str, reason: str, rule: str, earliest: Optional[float] = None, **kw: Any) -> Decision:
         return Decision(

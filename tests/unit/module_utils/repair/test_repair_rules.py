@@ -36,7 +36,8 @@ def case(rec=None, config=CONFIG, fl=None, brk=None, approved=frozenset(), booke
     verdict, action, code, gpu = _report_fields(n.report)
     h = None if n.history_foreign else (n.history.copy() if n.history is not None else loads(""))
     c = R.Case(n, h, verdict, action, code, gpu, NOW - H if t0 is None else t0, config,
-               Limits(FleetSummary.from_dict(fl or fleet()), config), brk or BreakerState(), set(approved), NOW)
+               Limits(FleetSummary.from_dict(fl or fleet()), config), brk or BreakerState(), set(approved), NOW,
+               n.foreign(config.reason_prefix))
     if booked:
         R.book(c)
     return c
