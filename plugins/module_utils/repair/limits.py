@@ -76,8 +76,9 @@ class Limits:
         self.new_unavailable: Dict[GroupKey, int] = {}  # drains planned this run
         self.active: Dict[GroupKey, int] = {}  # nodes acted on (in progress + started now)
         self.parallel = 0
-        # partition -> idle spares left, the next last (copied on first use, reversed: taking one costs nothing)
-        self.spares: Dict[str, List[Optional[str]]] = {}
+        # partition -> where the next idle spare is looked for in the fleet's list (the list is never copied: a
+        # plan that takes one spare of thousands costs one step)
+        self.spare_next: Dict[str, int] = {}
         self.spares_taken: Set[str] = set()
         self._node_groups: Dict[str, List[Tuple[GroupKey, Counts, int]]] = {}
         self._need: Dict[str, int] = {}  # partition -> nodes min_healthy keeps available
@@ -196,14 +197,18 @@ class Limits:
 
     def take_spare(self, node: NodeState) -> Optional[SpareMove]:
         for p in node.partitions:
-            pool = self.spares.get(p)
-            if pool is None:
-                counts = self.fleet.partitions.get(p)
-                pool = self.spares[p] = list(reversed(counts.spares)) if counts is not None else []
-            while pool:
-                s = pool.pop()
+            counts = self.fleet.partitions.get(p)
+            if counts is None:
+                continue
+            pool = counts.spares
+            i = self.spare_next.get(p, 0)
+            while i < len(pool):
+                s = pool[i]
+                i += 1
                 if s is None or s not in self.spares_taken:
+                    self.spare_next[p] = i
                     if s is not None:
                         self.spares_taken.add(s)
                     return SpareMove(spare=s, partition=p, for_node=node.name)
+            self.spare_next[p] = i
         return None
