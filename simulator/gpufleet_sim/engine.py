@@ -38,7 +38,7 @@ from .evictions import Evictions
 from .faults import FaultProcesses
 from .jobs import Job
 from .people import People
-from .records import Failure, H, NodeRec
+from .records import Failure, H, JobAction, NodeRec
 from .repairs import RepairRuns
 from .vslurm import VirtualSlurm
 
@@ -91,9 +91,9 @@ class Sim(FaultProcesses, RepairRuns, Evictions, People):
         self.out_nodes: set[int] = set()  # the nodes out of service (owner -2)
         self.rack_out: dict[int, int] = {}
         self.breaker: BreakerState | None = None  # the circuit breaker's state, persisted from run to run
-        self._runs: dict[float, tuple] = {}  # repair run time -> (its event, {node: (record, approvals)})
-        self._decided: dict[int, object] = {}  # node -> the Decision of the last run that planned it
-        self.job_actions: list = []  # (time_h, node, the plan() Decision the engine carried out on the job)
+        # repair run time -> (its event, {node: (record, approvals)}, {node: the run's Decision} once it ran)
+        self._runs: dict[float, tuple] = {}
+        self.job_actions: list[JobAction] = []  # what the engine did to jobs, each on one plan() decision
         techs = self.rep.get("technicians")
         self.techs = simpy.Resource(self.env, capacity=techs) if techs else None
         nid = 0

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair.state import JobInfo
 
 from .brain import to_hours
-from .records import _KEPT_BY, ACT_EVICT, ACT_WAIT, JOB_CHECKPOINT_REQUEUE, KEPT, Failure, H
+from .records import _KEPT_BY, ACT_EVICT, ACT_WAIT, JOB_CHECKPOINT_REQUEUE, KEPT, Failure, H, JobAction
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from .jobs import Job
@@ -31,12 +31,12 @@ class Evictions:
         if d is None:
             return None
         if d.action == ACT_EVICT:
-            self.job_actions.append((env.now, n, d))
+            self.job_actions.append(JobAction(env.now, d.node, d.action, d.rule, d.jobs.action))
             # d.spare (a hot spare brought in first): the job's empty slot is filled from the idle pool as every
             # swap is (fill_slots), the spare's GPU-hours already counted
             return d.jobs.action
         if (d.action, d.rule) in _KEPT_BY:
-            self.job_actions.append((env.now, n, d))
+            self.job_actions.append(JobAction(env.now, d.node, d.action, d.rule, None))
             self.stats["evict_waited"] += 1
         return KEPT  # the job keeps the node; anything else (a person's call) does nothing to the job either
 

@@ -34,22 +34,23 @@ RACK_FEATURE = DOMAIN_PREFIXES["rack"]
 class RepairRuns:
     """The repair runs of one simulated cluster (a part of ``engine.Sim``)."""
 
-    def ask(self, n: int, sl: NodeState, at: float, approvals: set) -> simpy.Event:
-        """Put node ``n`` on the first repair run at or after ``at`` and return the run's event; once it has
-        fired, ``self._decided[n]`` is the node's Decision. Every node on one run is planned by one plan() call,
-        the way one run of the repair playbook plans them all."""
+    def ask(self, n: int, sl: NodeState, at: float, approvals: set) -> tuple:
+        """Put node ``n`` on the first repair run at or after ``at``; return the run's event and the run's answers:
+        once the event has fired, ``answers[n]`` is the node's Decision. Every node on one run is planned by one
+        plan() call, the way one run of the repair playbook plans them all (two processes asking about one node on
+        one run read the same Decision). The answers live as long as the processes that asked hold them."""
         t = self.next_run(max(at, self.env.now))
         run = self._runs.get(t)
         if run is None:
             ev = self.env.timeout(t - self.env.now, t)
             ev.callbacks.append(self._repair_run)  # first callback: plans before any waiting node resumes
-            run = self._runs[t] = (ev, {})
+            run = self._runs[t] = (ev, {}, {})
         run[1][n] = (sl, approvals)
-        return run[0]
+        return run[0], run[2]
 
     def _repair_run(self, event: simpy.Event) -> None:
         """The repair run at ``event.value`` (its time): plan every node on it together."""
-        batch = self._runs.pop(event.value)[1]
+        _ev, batch, decided = self._runs.pop(event.value)
         stats = self.stats
         stats["brain_calls"] += 1
         stats["decisions"] += len(batch)
@@ -69,7 +70,6 @@ class RepairRuns:
             if brk.tripped and not (self.breaker is not None and self.breaker.tripped):
                 stats["breaker_trips"] += 1
             self.breaker = brk
-        decided = self._decided
         if len(p) == 1:
             decided[next(iter(batch))] = p[0]
         else:
@@ -129,8 +129,9 @@ class RepairRuns:
         at = env.now
         seen: list = []
         for _guard in range(200):
-            yield self.ask(n, sl, at, approvals)
-            d = self._decided[n]
+            run, answers = self.ask(n, sl, at, approvals)
+            yield run
+            d = answers[n]
             seen.append((round(env.now, 2), d.action, d.rule))
             at = env.now
             a = d.action
@@ -297,10 +298,11 @@ class RepairRuns:
         for _guard in range(200):
             if t >= deadline:
                 return None
-            yield self.ask(n, sl, t, approvals)
+            run, answers = self.ask(n, sl, t, approvals)
+            yield run
             if not alive():
                 return None
-            d = self._decided[n]
+            d = answers[n]
             if d.hist is not None:
                 self.vslurm.history(sl, d.hist)
             if d.action != action:

@@ -141,13 +141,14 @@ def test_every_job_action_is_one_plan_decision():
     decision (evict, or wait by the draining rule), made on a run whose direct replay gives the same."""
     for action, kind in (("checkpoint_requeue", "evict"), ("requeue", "evict"), ("wait", "wait")):
         sim, brain, job = _precursor_case(action)
-        planned = {id(d) for _i, p in brain.runs for d in p}
+        planned = {(inputs[2], d.node, d.action, d.rule, d.jobs.action if d.action == "evict" else None)
+                   for inputs, p in brain.runs for d in p}
         assert sim.job_actions, action
-        for _t, _n, d in sim.job_actions:
-            assert id(d) in planned  # the very Decision a run returned, nothing the engine made up
-            assert d.action == kind and d.rule == ("evict" if kind == "evict" else "draining")
-            if kind == "evict":
-                assert d.jobs.action == action
+        for a in sim.job_actions:
+            # a decision the run at that time returned, nothing the engine made up
+            assert (to_epoch(a.t), *a[1:]) in planned, (a, planned)
+            assert a.action == kind and a.rule == ("evict" if kind == "evict" else "draining")
+            assert a.job_action == (action if kind == "evict" else None)
         st = sim.stats
         n = len(sim.job_actions)
         if action == "checkpoint_requeue":
