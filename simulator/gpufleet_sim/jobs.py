@@ -41,6 +41,7 @@ class Job:
         self.planned_by_class: dict[str, int] = {}  # proactive drains at a checkpoint (no crash)
         self.downtimes: list[float] = []
         self.wake: simpy.Event | None = None
+        self.poked: simpy.Event | None = None  # the interrupt on its way to the job's process (see poke)
         self.seg_start, self.seg_rate = 0.0, 1.0
         #: the job's runs as Slurm's accounting records them: (start_h, end_h, state); a run ends at a crash
         #: (NODE_FAIL, or FAILED for a fault of the job's own software), a drain's requeue (REQUEUED) or the end
@@ -226,13 +227,23 @@ class Job:
 
     def interrupt(self, failure: Failure) -> None:
         self.pending.append(failure)
-        if self.proc.is_alive and self.sim.env.active_process is not self.proc:
-            self.proc.interrupt()
+        self.poke()
+
+    def poke(self) -> None:
+        """Wake the job's process: it reads the news (``pending``, ``rate``) when it wakes. One interrupt on its way
+        is enough: a rack's outage fails 32 nodes of a job at one instant, and 31 more interrupts would each only
+        end and begin again the sleep the first one began (the job already holds every failure), with no random
+        draw in between."""
+        if not self.proc.is_alive or self.sim.env.active_process is self.proc:
+            return
+        if self.poked is not None and not self.poked.processed:
+            return  # one is on its way
+        self.poked = simpy.events.Interruption(self.proc, None)  # what Process.interrupt() makes, kept
 
     def set_rate(self) -> None:
         r = 1.0
         for s in self.slow.values():
             r *= 1.0 - s
         self.rate = max(r, 1e-6)
-        if self.computing and self.phase == "compute" and self.proc.is_alive:
-            self.proc.interrupt()
+        if self.computing and self.phase == "compute":
+            self.poke()

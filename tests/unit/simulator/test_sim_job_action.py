@@ -76,3 +76,34 @@ def test_a_released_node_with_an_open_eviction_is_repaired_not_held_for_ever():
     sim.env.process(strike())
     sim.run()
     assert sim.stats["repairs"] == 1 and sim.owner[n] != -2
+
+
+def test_a_straggler_requeued_waits_for_its_swap_before_the_restart():
+    """A straggler's node evicted under jobs.action requeue: the job's rate changes and the job is stopped at the
+    same instant (two wake-ups). The job must still wait for the hot spare's swap before its restart; a second
+    interrupt at that instant used to cut the swap short (seen as 'waiting' 0 with a spare swapped in)."""
+    from gpufleet_sim.brain import default_brain
+    from gpufleet_sim.engine import Sim
+    from gpufleet_sim.records import JOB_REQUEUE
+
+    raw = scn.load(val.SCENARIOS / "default-1k.yaml")["raw"]
+    sc = scn.validate(scn.override(raw, {"horizon_days": 1, "false_positives.rate_per_1000_node_days": 0}))
+    f = next(x for x in sc["faults"] if x["effect"] == "straggler")
+    sc["faults"] = []  # the test drives the one event
+    sim = Sim(sc, resolve("passive+auto-repair+hot-spares"), 1, default_brain(sc))
+    job, n = sim.jobs[0], 5
+
+    def straggler_evicted():
+        yield sim.env.timeout(1.0)
+        job.slow[n] = 0.3
+        job.set_rate()
+        yield sim.env.timeout(1.0)
+        job.slow.pop(n)  # what _straggle_end does when plan() evicts: the rate back, then the eviction
+        job.set_rate()
+        sim._evict(job, n, f, JOB_REQUEUE)
+
+    sim.env.process(straggler_evicted())
+    sim.env.run(until=3.0)
+    assert sim.stats["evict_requeue"] == 1 and sim.stats["spares_used"] == 1
+    assert job.buckets["waiting"] > 0 and job.downtimes, (job.buckets, job.downtimes)
+    assert job.downtimes[0] > job.buckets["waiting"]  # the restart's own time came after the swap
