@@ -231,9 +231,9 @@ class Job:
 
     def poke(self) -> None:
         """Wake the job's process: it reads the news (``pending``, ``rate``) when it wakes. One interrupt on its way
-        is enough: a rack's outage fails 32 nodes of a job at one instant, and 31 more interrupts would each only
-        end and begin again the sleep the first one began (the job already holds every failure), with no random
-        draw in between."""
+        is enough: a rack's outage fails every node of the job in the rack at one instant, and an interrupt for
+        each would only end and begin again the sleep the first one began (the job already holds every failure),
+        with no random draw in between; a second interrupt could also end the wait for a swap early."""
         if not self.proc.is_alive or self.sim.env.active_process is self.proc:
             return
         if self.poked is not None and not self.poked.processed:
