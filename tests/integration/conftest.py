@@ -15,8 +15,9 @@ Every test that uses them is marked ``@pytest.mark.lab``. Missing Slurm binaries
 The repair scenarios (marked ``scenario``: a playbook or the agent driven through a fault to its end, minutes each)
 go through the same Slurm calls that the adapter, node and step tests check on both releases. ``make test`` runs
 the lab suite on both releases in two lanes and deals the scenarios between them (``LAB_SHARE=1/2`` and ``2/2``, set
-by scripts/test_lanes.py): the scenarios in collection order, every second one to each lane, so each release runs
-half of them and every other lab test. Without LAB_SHARE (``make integration-lab``, ``make integration-2411``, a
+by scripts/test_lanes.py): the heaviest first (``@pytest.mark.scenario(weight=3)`` names the few that take three
+times a typical one), each to the lane with the least so far, so each release runs about half of them and every
+other lab test. Without LAB_SHARE (``make integration-lab``, ``make integration-2411``, a
 file by hand) every scenario runs.
 
 Settings: SLURM_LAB_RELEASE (22.05 or 24.11), LAB_SHARE (K/N: the K-th of N shares of the scenarios),
@@ -49,9 +50,14 @@ HEAVY_FIRST = (
 HERE = Path(__file__).resolve().parent
 
 
+def scenario_weight(item) -> float:
+    """A scenario's cost against a typical one (``@pytest.mark.scenario(weight=3)``; 1 without)."""
+    return float(item.get_closest_marker("scenario").kwargs.get("weight", 1))
+
+
 def pytest_collection_modifyitems(config, items):
     try:
-        dealt = dealt_away([it.nodeid for it in items if it.get_closest_marker("scenario")],
+        dealt = dealt_away([(it.nodeid, scenario_weight(it)) for it in items if it.get_closest_marker("scenario")],
                            os.environ.get("LAB_SHARE", ""))
     except ValueError as e:
         raise pytest.UsageError(str(e)) from None

@@ -420,16 +420,26 @@ class SlurmLab:
             time.sleep(0.2)
 
 
-def dealt_away(scenarios: list[str], share: str) -> set[str]:
-    """The scenarios (test ids, in collection order) that LAB_SHARE ``share`` ('K/N': the K-th of N shares) leaves
-    to the other lanes: every N-th from the K-th is kept. '' keeps them all. ValueError names LAB_SHARE."""
+def dealt_away(scenarios: list[tuple[str, float]], share: str) -> set[str]:
+    """The scenarios (test id and weight, its cost relative to a typical scenario, in collection order) that
+    LAB_SHARE ``share`` ('K/N': the K-th of N shares) leaves to the other lanes. The heaviest are dealt first, each to
+    the share with the least weight so far (the lowest-numbered on a tie), so the shares' loads differ by at most one
+    scenario's weight; the deal depends on the ids and weights only. '' keeps them all. ValueError names
+    LAB_SHARE."""
     if not share:
         return set()
     m = re.fullmatch(r"([1-9][0-9]*)/([1-9][0-9]*)", share)
     if not m or int(m.group(1)) > int(m.group(2)):
         raise ValueError(f"LAB_SHARE: expected K/N with 1 <= K <= N (such as 1/2), got {share!r}")
     k, n = int(m.group(1)), int(m.group(2))
-    return {t for i, t in enumerate(scenarios) if i % n != k - 1}
+    loads = [0.0] * n
+    away = set()
+    for _i, (test, weight) in sorted(enumerate(scenarios), key=lambda e: (-e[1][1], e[0])):
+        to = loads.index(min(loads))
+        loads[to] += weight
+        if to != k - 1:
+            away.add(test)
+    return away
 
 
 def lane_release() -> str:

@@ -162,6 +162,7 @@ def test_alert_to_rulebook_to_repair_and_resume(loop):
                      f"{t_reset - t_drain:.1f} s\n")
 
 
+@pytest.mark.scenario(weight=3)  # about 3 times a typical scenario (--durations)
 def test_a_reset_that_did_not_help_is_followed_by_the_reboot_without_another_alert(loop):
     """Issue 27 case 11: the reset's verification fails; the run's followup.json brings the next run (the reboot)
     a minute later, although the agent's alerts are throttled for 5 minutes and Alertmanager repeats after 4 h."""

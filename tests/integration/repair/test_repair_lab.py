@@ -26,6 +26,7 @@ def _idle(rl, node):
     return lambda: rl.lab.node_states()[node][0] == "idle"
 
 
+@pytest.mark.scenario(weight=3)  # about 3 times a typical scenario (--durations)
 def test_reset_then_reboot_then_resume_and_replace_with_spare(repair_lab):
     rl = repair_lab
     lab = rl.lab
@@ -100,6 +101,7 @@ def _calibrate_reads_the_history(rl):
     assert not rep["unreadable"], rep
 
 
+@pytest.mark.scenario(weight=2)  # about 2 times a typical scenario (--durations)
 def test_storm_trips_the_breaker_and_limits_the_blast_radius(repair_lab):
     rl = repair_lab
     lab = rl.lab
@@ -144,6 +146,7 @@ def test_storm_trips_the_breaker_and_limits_the_blast_radius(repair_lab):
     assert all(lab.node_states()[n][0] == "drained" for n in sick if n != fixed)
 
 
+@pytest.mark.scenario(weight=2)  # about 2 times a typical scenario (--durations)
 def test_crash_in_the_middle_of_a_repair_converges(repair_lab):
     rl = repair_lab
     lab = rl.lab
@@ -178,6 +181,7 @@ def test_crash_in_the_middle_of_a_repair_converges(repair_lab):
             assert d["action"] != "hold" or d["rule"] in ("escalated", "not_ours"), d
 
 
+@pytest.mark.scenario(weight=2)  # about 2 times a typical scenario (--durations)
 def test_approval_mode_changes_nothing_before_approval(repair_lab, tmp_path):
     rl = repair_lab
     lab = rl.lab

@@ -295,6 +295,7 @@ def test_bad_throttle_is_refused_before_slurm_is_contacted(repair_lab, tmp_path)
 
 
 # ---- issue §7: a slurmctld clean start loses the histories in Extra ---------------------------------------------
+@pytest.mark.scenario(weight=2)  # about 2 times a typical scenario (--durations)
 def test_clean_slurmctld_start_loses_histories_and_the_next_incident_starts_afresh(repair_lab):
     rl = repair_lab
     lab = rl.lab
@@ -456,6 +457,7 @@ def test_one_writer_a_second_run_is_refused_or_queues_behind_the_first(repair_la
     assert not (rl.state / "repair.lock").exists()  # freed by the run that ended last
 
 
+@pytest.mark.scenario(weight=2)  # about 2 times a typical scenario (--durations)
 def test_a_breaker_trip_that_cannot_be_saved_still_holds_the_fleet(repair_lab):
     """Issue: with the state directory full during a trip the run died before its summary, and once the failures
     left the window the next run rebooted every node with nobody having reset the breaker."""
@@ -538,6 +540,7 @@ def test_a_sick_node_in_a_maintenance_reservation_is_never_touched(repair_lab):
 
 
 # ---- issue §8 -------------------------------------------------------------------------------------------------
+@pytest.mark.scenario(weight=2)  # about 2 times a typical scenario (--durations)
 def test_the_agents_report_is_fetched_from_the_node_so_nothing_is_repaired_blind(repair_lab, tmp_path):
     """Issue: the agent keeps its report on the node and repair reads a directory on the controller; without a sweep
     the plan repaired blind ("reboot (probe no_report)"). The role now fetches the agent's report from the node."""

@@ -42,16 +42,32 @@ def test_every_lane_names_make_targets_that_exist():
 
 
 def test_the_slurm_lanes_deal_the_scenarios_between_them_and_both_run_the_rest():
-    ids = [f"tests/integration/repair/test_x.py::test_{i}" for i in range(7)]
+    ids = [(f"tests/integration/repair/test_x.py::test_{i}", 1.0) for i in range(7)]
+    names = {t for t, _w in ids}
     shares = [v["LAB_SHARE"] for k, v in lanes.LANE_ENV.items() if k.startswith("slurm-")]
     assert sorted(shares) == ["1/2", "2/2"]
-    kept = [set(ids) - dealt_away(ids, s) for s in shares]
-    assert kept[0].isdisjoint(kept[1]) and kept[0] | kept[1] == set(ids)  # each scenario once, on one release
+    kept = [names - dealt_away(ids, s) for s in shares]
+    assert kept[0].isdisjoint(kept[1]) and kept[0] | kept[1] == names  # each scenario once, on one release
     assert {len(k) for k in kept} == {3, 4}
     assert dealt_away(ids, "") == set() and dealt_away(ids, "1/1") == set()
     for bad in ("3/2", "0/2", "1/0", "1/2 ", "half", "-1/2"):
         with pytest.raises(ValueError, match=r"LAB_SHARE: expected K/N.*" + re.escape(repr(bad))):
             dealt_away(ids, bad)
+
+
+def test_the_heaviest_scenarios_go_to_different_lanes_and_the_loads_stay_close():
+    """Dealt in turn, the two heaviest scenarios (the loop lab's and the repair lab's reset -> reboot, about three
+    typical ones each) once fell to the same lane, which then ran 4.6 minutes longer than the other."""
+    ids = [("a::light1", 1.0), ("b::heavy1", 3.0), ("c::light2", 1.0), ("d::heavy2", 3.0), ("e::mid", 2.0),
+           ("f::light3", 1.0), ("g::light4", 1.0)]
+    weight = dict(ids)
+    loads = []
+    for share in ("1/2", "2/2"):
+        kept = {t for t, _w in ids} - dealt_away(ids, share)
+        assert len({"b::heavy1", "d::heavy2"} & kept) == 1, kept
+        loads.append(sum(weight[t] for t in kept))
+    assert abs(loads[0] - loads[1]) <= 3.0 and sum(loads) == 12.0
+    assert dealt_away(ids, "1/2") == dealt_away(list(ids), "1/2")  # the same deal every time
 
 
 def test_a_lane_passes_its_environment_to_its_steps(tmp_path, monkeypatch):
