@@ -17,8 +17,8 @@ go through the same Slurm calls that the adapter, node and step tests check on b
 the lab suite on both releases in two lanes and deals the scenarios between them (``LAB_SHARE=1/2`` and ``2/2``, set
 by scripts/test_lanes.py): the heaviest first (``@pytest.mark.scenario(weight=3)`` names the few that take three
 times a typical one), each to the lane with the least so far, so each release runs about half of them and every
-other lab test. Without LAB_SHARE (``make integration-lab``, ``make integration-2411``, a
-file by hand) every scenario runs.
+other lab test. Without LAB_SHARE (``make integration-lab``, ``make integration-2411``, a file by hand) every
+scenario runs.
 
 Settings: SLURM_LAB_RELEASE (22.05 or 24.11), LAB_SHARE (K/N: the K-th of N shares of the scenarios),
 SLURM_LAB_NODES [4], SLURM_LAB_NODE_PREFIX [node]; SLURM_LAB_PORT_BASE asks for one block (the factory otherwise

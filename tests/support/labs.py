@@ -423,9 +423,9 @@ class SlurmLab:
 def dealt_away(scenarios: list[tuple[str, float]], share: str) -> set[str]:
     """The scenarios (test id and weight, its cost relative to a typical scenario, in collection order) that
     LAB_SHARE ``share`` ('K/N': the K-th of N shares) leaves to the other lanes. The heaviest are dealt first, each to
-    the share with the least weight so far (the lowest-numbered on a tie), so the shares' loads differ by at most one
-    scenario's weight; the deal depends on the ids and weights only. '' keeps them all. ValueError names
-    LAB_SHARE."""
+    the share with the least weight so far (the lowest-numbered on a tie; equal weights in collection order, which
+    every pytest-xdist worker shares), so the shares' loads differ by at most one scenario's weight. '' keeps them
+    all. ValueError names LAB_SHARE."""
     if not share:
         return set()
     m = re.fullmatch(r"([1-9][0-9]*)/([1-9][0-9]*)", share)
