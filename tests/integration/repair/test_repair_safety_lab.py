@@ -76,8 +76,7 @@ def _stop(proc, sig, again_after=3.0, timeout=60):
     SIGKILL and SIGTERM end ansible-playbook the first time (its SIGTERM handler re-sends the signal to itself
     with the default action). A first SIGINT may be lost: ansible-core's handler restores the default action and
     raises KeyboardInterrupt, which CPython drops as unraisable when the signal lands in a weakref callback or an
-    at-fork hook - both run at every task's worker start - so the run goes on (to its end, or to "A worker was
-    found in a dead state" when the handler had killed the worker in flight). The second SIGINT ends it."""
+    at-fork hook - both run at every task's worker start - so the run goes on. The second SIGINT ends it."""
     deadline = time.monotonic() + timeout
     while True:
         os.killpg(proc.pid, sig)
