@@ -198,7 +198,8 @@ class RepairConfig:
         return self.mode_for(failure_class) == "approval" or action in self.approval_for
 
     def ladder_for(self, failure_class: str) -> Tuple[str, ...]:
-        return self.ladders.get(failure_class, self.ladders.get("other", ("reboot",)))
+        got = self.ladders.get(failure_class)
+        return got if got is not None else self.ladders.get("other", ("reboot",))
 
     @classmethod
     def from_dict(cls, data: Optional[Mapping[str, Any]]) -> RepairConfig:

@@ -228,8 +228,8 @@ class History:
 
 def _kept(entries: List[Tuple[int, str]], cut: float, keep: int) -> List[Tuple[int, str]]:
     """prune() of one list, into a new list: the entries at or after ``cut``, oldest first, the last ``keep``."""
-    if not entries:
-        return []
+    if len(entries) < 2:  # nothing to order (this runs twice per decision)
+        return [entries[0]] if entries and entries[0][0] >= cut else []
     out = sorted(entries)
     if out[0][0] < cut:
         out = [e for e in out if e[0] >= cut]

@@ -231,9 +231,11 @@ class Plan(list):
     that matched no decision (stale or mistyped).
     """
 
+    __slots__ = ("breaker", "notes", "unused_approvals")
+
     def __init__(self, decisions: Iterable[Decision] = (), breaker: Optional[BreakerState] = None,
                  notes: Iterable[str] = (), unused_approvals: Iterable[Tuple[str, str, str]] = ()) -> None:
-        super().__init__(decisions)
+        list.__init__(self, decisions)
         self.breaker = breaker
         self.notes: List[str] = list(notes)
         self.unused_approvals: List[Tuple[str, str, str]] = list(unused_approvals)

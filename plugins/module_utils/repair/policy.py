@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 from .classify import NO_REPORT, check_report
 from .config import RepairConfig
@@ -76,11 +76,11 @@ def _approvals(raw: Any) -> Approvals:
     return out
 
 
-def _first_seen(node: NodeState, hist: History, now: float) -> float:
+def _first_seen(node: NodeState, hist: History, now: float, out: bool) -> float:
     if hist.incident is not None:
         return float(hist.incident.first_seen)
     t = now
-    if node.reason_time is not None and node.out_of_service:
+    if node.reason_time is not None and out:
         # drained by us: the agent drained it when it first saw the fault; by someone else: a long-standing drain
         # is not a new failure (the breaker counts new ones)
         t = min(t, node.reason_time)
@@ -140,21 +140,25 @@ def plan(
     if config.breaker_enabled and not brk.tripped:
         brk = breaker_in_slurm(nodes, brk, config.reason_prefix) or brk
     limits = Limits(fl, config)
-    prepared, problems = _prepare(nodes, config, now)
-    brk = _trip_breaker(prepared, problems, brk, fl, config, now)
+    cases, problems = _prepare(nodes, config, now, limits, brk, approved)
+    tripped = _trip_breaker(cases, problems, brk, fl, config, now)
+    if tripped is not brk:
+        brk = tripped
+        for c in cases:
+            c.brk = brk
     notes: List[str] = []
     if brk.tripped:
         notes.append(f"circuit breaker tripped: {brk.reason}; all automation holds until a person resets it")
-    _count_on_record(prepared, limits, config, now)
+    _count_on_record(cases, limits, config, now)
 
-    order = sorted(prepared, key=lambda p: (p.first_seen, p.node.name)) if len(prepared) > 1 else prepared
+    order = sorted(cases, key=lambda c: (c.t0, c.n.name)) if len(cases) > 1 else cases
     decisions: List[Decision] = []
-    for n, node_hist, verdict, action, code, gpu, t0, foreign in order:
+    for c in order:
+        n = c.n
         if n.name in problems:
-            d = _problem(n, problems[n.name], foreign, config, now)
+            d = _problem(n, problems[n.name], c.why_foreign, config, now)
         else:
-            d = decide(Case(n, node_hist, verdict, action, code, gpu, t0, config, limits, brk, approved, now,
-                            foreign))
+            d = decide(c)
         if d.hist is not None and n.history_empty and d.hist == _EMPTY:
             d.hist = None  # nothing to record: leave the field as it is
         decisions.append(d)
@@ -162,31 +166,21 @@ def plan(
     if approved:
         used = {d.approval_key for d in decisions if d.approved}
         unused = sorted(approved - used)
-    return Plan(decisions, breaker=brk, notes=notes, unused_approvals=unused)
+    return Plan(decisions, brk, notes, unused)
 
 
-class _Prepared(NamedTuple):
-    """A node that needs attention, with its report read and a working copy of its history."""
-    node: NodeState
-    hist: Optional[History]  # None: unreadable, or another tool's
-    verdict: str
-    action: str
-    code: str
-    gpu: Optional[int]
-    first_seen: float
-    foreign: Optional[str]  # why the node is not ours to act on (NodeState.foreign), read once
-
-
-def _prepare(nodes: List[NodeState], config: RepairConfig, now: float
-             ) -> Tuple[List[_Prepared], Dict[str, Tuple[str, str]]]:
-    """Read the reports up front (errors name the node) and take a working copy of each history. A node whose
-    history or report cannot be used is held by itself (problems[name]: rule, why); the others plan as usual."""
+def _prepare(nodes: List[NodeState], config: RepairConfig, now: float, limits: Limits, brk: BreakerState,
+             approved: Approvals) -> Tuple[List[Case], Dict[str, Tuple[str, str]]]:
+    """Read the reports up front (errors name the node) and take a working copy of each history: a Case per node
+    (its first-seen time ``t0``, the oldest incident first decides first). A node whose history or report cannot be
+    used is held by itself (problems[name]: rule, why; its Case's ``hist`` is None); the others plan as usual."""
     keep, cap = retention(config)
-    prepared: List[_Prepared] = []
+    cases: List[Case] = []
     problems: Dict[str, Tuple[str, str]] = {}
     prefix = config.reason_prefix
     for n in nodes:
-        foreign = n.foreign(prefix)
+        out = n.out_of_service
+        foreign = n.foreign(prefix, out)
         if n.report_error:
             problems[n.name] = ("bad_report", f"health report unusable (attention[{n.name}].report: "
                                               f"unreadable: {n.report_error})")
@@ -197,46 +191,45 @@ def _prepare(nodes: List[NodeState], config: RepairConfig, now: float
             except RepairError as exc:
                 problems[n.name] = ("bad_report", f"health report unusable ({exc})")
                 verdict, action, code, gpu = "unknown", "none", "", None
+        hist: Optional[History] = None  # unreadable, or another tool's
+        t0 = float(now)
         if n.history_error is not None:
             problems[n.name] = ("history_unreadable", f"repair history unreadable ({n.history_error})")
-            prepared.append(_Prepared(n, None, verdict, action, code, gpu, now, foreign))
-            continue
-        if n.history_foreign:
-            prepared.append(_Prepared(n, None, verdict, action, code, gpu, now, foreign))
-            continue
-        hist = History() if n.history is None else n.history.pruned(now, keep, cap)
-        prepared.append(_Prepared(n, hist, verdict, action, code, gpu, _first_seen(n, hist, now), foreign))
-    return prepared, problems
+        elif not n.history_foreign:
+            hist = History() if n.history is None else n.history.pruned(now, keep, cap)
+            t0 = _first_seen(n, hist, now, out)
+        cases.append(Case(n, hist, verdict, action, code, gpu, t0, config, limits, brk, approved, now, foreign, out))
+    return cases, problems
 
 
-def _trip_breaker(prepared: List[_Prepared], problems: Mapping[str, Any], brk: BreakerState, fl: FleetSummary,
+def _trip_breaker(cases: List[Case], problems: Mapping[str, Any], brk: BreakerState, fl: FleetSummary,
                   config: RepairConfig, now: float) -> BreakerState:
     """The circuit breaker: distinct nodes failing, first seen within the window (and after the last reset); it
     trips at breaker_threshold() nodes, never fewer than breaker_min_nodes (a smaller plan cannot trip it)."""
-    if not config.breaker_enabled or brk.tripped or len(prepared) < config.breaker_min_nodes:
+    if not config.breaker_enabled or brk.tripped or len(cases) < config.breaker_min_nodes:
         return brk
     since = now - config.breaker_window_s
     if brk.reset_at is not None:
         since = max(since, brk.reset_at)
-    failing = sorted(p.node.name for p in prepared
-                     if p.verdict in _UNHEALTHY and p.first_seen >= since and p.node.name not in problems)
+    failing = sorted(c.n.name for c in cases
+                     if c.verdict in _UNHEALTHY and c.t0 >= since and c.n.name not in problems)
     why = breaker_trips(config, fl.total, len(failing), "nodes failed")
     return brk if why is None else BreakerState(tripped=True, since=float(now), nodes=failing, reason=why)
 
 
-def _count_on_record(prepared: List[_Prepared], limits: Limits, config: RepairConfig, now: float) -> None:
+def _count_on_record(cases: List[Case], limits: Limits, config: RepairConfig, now: float) -> None:
     """What is already under way counts against the limits before anything new starts: evictions on record within
     the window (jobs.max_evictions), and nodes already under repair (the concurrency limits; a node someone else
     took over is not under repair by us any more)."""
     since_ev = now - config.eviction_window_s
-    for p in prepared:
-        inc = p.hist.incident if p.hist is not None else None
+    for c in cases:
+        inc = c.hist.incident if c.hist is not None else None
         if inc is None:
             continue
         if inc.eviction is not None and inc.eviction.at >= since_ev:
             limits.evictions += 1
-        if inc.pending() is not None and not p.foreign:
-            limits.take_active(p.node, started_now=False)
+        if inc.pending() is not None and not c.why_foreign:
+            limits.take_active(c.n, started_now=False)
 
 
 def _problem(n: NodeState, problem: Tuple[str, str], foreign: Optional[str], config: RepairConfig,

@@ -85,7 +85,7 @@ class Case:
 
     def __init__(self, n: Any, hist: Optional[History], verdict: str, report_action: str, code: str,
                  gpu: Optional[int], t0: float, config: RepairConfig, limits: Limits, brk: BreakerState,
-                 approved: Approvals, now: float, foreign: Optional[str]):
+                 approved: Approvals, now: float, foreign: Optional[str], out: Optional[bool] = None):
         self.n = n
         self.hist = hist
         self.verdict = verdict
@@ -105,22 +105,14 @@ class Case:
         self.booked: Optional[History] = None
         self.cls: str = ""
         #: the node's Slurm facts, read once per plan (a plan never changes a node's record): out of service, and
-        #: why the node is not ours (``n.foreign(config.reason_prefix)``, which plan() reads up front)
-        self.out: bool = n.out_of_service
+        #: why the node is not ours (``n.foreign(config.reason_prefix)``); plan() reads both up front
+        self.out: bool = n.out_of_service if out is None else out
         self.why_foreign = foreign
 
     def mk(self, action: str, reason: str, rule: str, earliest: Optional[float] = None, **kw: Any) -> Decision:
-        return Decision(
-            node=self.n.name,
-            action=action,
-            reason=reason,
-            earliest=float(self.now if earliest is None else earliest),
-            partition=self.part,
-            code=self.code,
-            gpu=self.gpu,
-            rule=rule,
-            **kw,
-        )
+        # node, action, reason, earliest by position (see mk_inc)
+        return Decision(self.n.name, action, reason, float(self.now if earliest is None else earliest),
+                        partition=self.part, code=self.code, gpu=self.gpu, rule=rule, **kw)
 
     def before(self) -> Optional[History]:
         """The history as it came in: before the in-progress rule set the pending step's outcome."""
@@ -136,8 +128,12 @@ class Case:
     def mk_inc(self, action: str, reason: str, rule: str, earliest: Optional[float] = None, **kw: Any) -> Decision:
         """mk() for rules 4-10: the decision names the booked incident and its failure class."""
         inc = self.hist.incident if self.hist is not None else None
-        return self.mk(action, reason, rule, earliest, incident=None if inc is None else str(inc.id),
-                       failure_class=self.cls, **kw)
+        # Decision's first ten fields by position (node, action, reason, earliest, needs_approval, failure_class,
+        # incident, partition, code, gpu; test_repair_rules pins the order): matching keywords to its 21
+        # parameters cost more than the rest of this call
+        return Decision(self.n.name, action, reason, float(self.now if earliest is None else earliest), False,
+                        self.cls, None if inc is None else str(inc.id), self.part, self.code, self.gpu, rule=rule,
+                        **kw)
 
     def foreign(self) -> Optional[str]:
         return self.why_foreign
@@ -744,10 +740,9 @@ def ladder(c: Case) -> Tuple[str, str, str]:
     if inc is None:  # a rule reached without what the rule order guarantees
         raise AssertionError("repair rule order: inc is not None")
     steps = c.config.ladder_for(c.cls)
-    start = ladder_start(steps, c.report_action)
-    done = {s.action for s in inc.steps if s.outcome != "unproven"}  # a step never proven to have run: offered again
+    done = [s.action for s in inc.steps if s.outcome != "unproven"]  # a step never proven to have run: offered again
     step = None
-    for s in steps[start:]:
+    for s in steps[ladder_start(steps, c.report_action):]:
         if s not in done:
             step = s
             break
@@ -755,13 +750,9 @@ def ladder(c: Case) -> Tuple[str, str, str]:
         tried = ",".join(s.action for s in inc.steps) or "none"
         return ("escalate", "ladder_exhausted", "ladder {} exhausted (tried {})".format("/".join(steps), tried))
     last = inc.steps[-1] if inc.steps else None
-    why = "{} {}{}: {}".format(
-        c.cls,
-        c.code,
-        f" gpu{c.gpu}" if c.gpu is not None else "",
-        f"after {last.action} {last.outcome}" if last else "first step",
-    )
-    return (step, "ladder", why)
+    gpu = "" if c.gpu is None else f" gpu{c.gpu}"
+    return (step, "ladder", f"{c.cls} {c.code}{gpu}: " + (f"after {last.action} {last.outcome}" if last else
+                                                          "first step"))
 
 
 def ladder_start(steps: Tuple[str, ...], report_action: str) -> int:
@@ -859,8 +850,10 @@ def start_step(c: Case, step: str, rule: str, why: str) -> Decision:
 
 
 #: The rules before an incident is booked, in order.
-BEFORE_BOOKING: Tuple[Callable[[Case], Optional[Decision]], ...] = (
-    foreign_history, not_ours, no_report, in_progress, drain_requested, healthy, degraded_monitor)
+BEFORE_BOOKING: Tuple[Callable[[Case], Optional[Decision]], ...] = (foreign_history, not_ours, no_report, in_progress)
+#: Then, for a node with nothing to repair (``Case.actionable`` false; each of them passes an actionable node on), in
+#: order.
+NOTHING_TO_REPAIR: Tuple[Callable[[Case], Optional[Decision]], ...] = (drain_requested, healthy, degraded_monitor)
 #: The rules after the incident is booked, in order, before the next step is chosen.
 WAITING: Tuple[Callable[[Case], Optional[Decision]], ...] = (escalated, breaker, ttl, drain, draining, cooldown)
 #: The limits on the chosen step, in order.
@@ -873,6 +866,11 @@ def decide(c: Case) -> Decision:
         d = rule(c)
         if d is not None:
             return d
+    if not c.actionable:
+        for rule in NOTHING_TO_REPAIR:
+            d = rule(c)
+            if d is not None:
+                return d
     book(c)
     for rule in WAITING:
         d = rule(c)

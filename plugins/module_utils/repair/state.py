@@ -218,10 +218,11 @@ class NodeState:
         """DOWN, drained, draining or failed."""
         return slurmfacts.out_of_service_split(self.state, self.flags)
 
-    def foreign(self, prefix: str) -> Optional[str]:
+    def foreign(self, prefix: str, out: Optional[bool] = None) -> Optional[str]:
         """None when we may act on the node; else why not (out of service with a reason that is not ours, or in a
-        maintenance reservation)."""
-        out = self.out_of_service
+        maintenance reservation). ``out``: :attr:`out_of_service`, when the caller has read it already."""
+        if out is None:
+            out = self.out_of_service
         maint = slurmfacts.in_maintenance_split(self.flags)
         if not out and prefix and not maint:
             return None  # in service and in no maintenance window: nobody's

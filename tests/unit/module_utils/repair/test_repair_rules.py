@@ -301,10 +301,27 @@ def test_decide_runs_the_rules_in_order():
     assert R.decide(case(node(reason="bios", history=hist()))).rule == "not_ours"
     assert R.decide(case(node(history=hist(t0=NOW - 60)), brk=TRIPPED)).rule == "breaker"  # breaker before ttl
     assert R.decide(case(node(history=hist()))).rule == "ladder"
-    names = [r.__name__ for r in R.BEFORE_BOOKING + R.WAITING + R.NEXT_STEP_RULES + R.STEP_LIMITS]
+    names = [r.__name__ for r in R.BEFORE_BOOKING + R.NOTHING_TO_REPAIR + R.WAITING + R.NEXT_STEP_RULES
+             + R.STEP_LIMITS]
     assert names == ["foreign_history", "not_ours", "no_report", "in_progress", "drain_requested", "healthy",
                      "degraded_monitor", "escalated", "breaker", "ttl", "drain", "draining", "cooldown", "lemon",
                      "escalate_repairs", "incident_attempts", "budget", "blast_radius"]
+
+
+def test_mk_inc_fills_the_fields_it_passes_by_position():
+    # Case.mk_inc passes Decision's first ten fields by position: a reordered Decision must fail here, not
+    # shift a partition into a code
+    from dataclasses import fields
+
+    from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import Decision
+
+    assert [f.name for f in fields(Decision)][:10] == ["node", "action", "reason", "earliest", "needs_approval",
+                                                       "failure_class", "incident", "partition", "code", "gpu"]
+    c = case(node(history=hist()), booked=True)
+    d = c.mk_inc("wait", "why", "ttl", earliest=NOW + 5, since=NOW - 9)
+    assert (d.node, d.action, d.reason, d.earliest, d.needs_approval, d.failure_class, d.incident, d.partition,
+            d.code, d.gpu, d.rule, d.since) == ("node2", "wait", "why", NOW + 5, False, c.cls, "1", "gpu", c.code,
+                                                c.gpu, "ttl", NOW - 9)
 
 
 # --- the limits, in one place ----------------------------------------------------------------------------------
