@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..slurmfacts import is_job_id
@@ -83,15 +83,18 @@ class Eviction:
 
 @dataclass
 class Incident:
+    """The open incident. ``steps`` and ``hooks`` are tuples, never changed in place (a change puts a new tuple in
+    the field), so a copy shares them."""
+
     id: int
     failure_class: str
     code: str
     gpu: Optional[int]
     first_seen: int
-    steps: List[Step] = field(default_factory=list)
+    steps: Tuple[Step, ...] = ()
     escalated: Optional[int] = None
     spare: Optional[str] = None
-    hooks: List[str] = field(default_factory=list)
+    hooks: Tuple[str, ...] = ()
     eviction: Optional[Eviction] = None
 
     def tried(self, action: str) -> bool:
@@ -106,10 +109,13 @@ class Incident:
 
 @dataclass
 class History:
+    """A node's repair history. ``repairs`` (started, action) and ``past`` (first seen, failure class) are tuples,
+    never changed in place (a change puts a new tuple in the field), so a copy shares them."""
+
     seq: int = 0
     incident: Optional[Incident] = None
-    repairs: List[Tuple[int, str]] = field(default_factory=list)
-    past: List[Tuple[int, str]] = field(default_factory=list)
+    repairs: Tuple[Tuple[int, str], ...] = ()
+    past: Tuple[Tuple[int, str], ...] = ()
     cooldown_until: Optional[int] = None
     note: Optional[str] = None
 
@@ -135,9 +141,20 @@ class History:
     def start(self, action: str, now: float) -> None:
         if self.incident is None:
             raise HistoryError(f"history: no open incident to start {action} in")
-        self.incident.steps.append(Step(action, int(now)))
+        self.incident.steps = (*self.incident.steps, Step(action, int(now)))
         if action in REPAIR_STEPS:
-            self.repairs.append((int(now), action))
+            self.repairs = (*self.repairs, (int(now), action))
+
+    def started(self, action: str, now: float) -> History:
+        """A copy with ``action`` started at ``now``: what ``h.copy()`` then ``.start(action, now)`` give, in one
+        pass (a repair step's intent, once per step decided)."""
+        inc = self.incident
+        if inc is None:
+            raise HistoryError(f"history: no open incident to start {action} in")
+        t = int(now)
+        return History(self.seq, self._incident_copy((*inc.steps, Step(action, t))),
+                       (*self.repairs, (t, action)) if action in REPAIR_STEPS else self.repairs, self.past,
+                       self.cooldown_until, self.note)
 
     def finish(self, outcome: str) -> bool:
         """Set the outcome of the pending step. Returns False when no step was pending."""
@@ -147,7 +164,7 @@ class History:
         step = inc.pending() if inc is not None else None
         if inc is None or step is None:
             return False
-        inc.steps[-1] = Step(step.action, step.started, outcome, step.ran)
+        inc.steps = (*inc.steps[:-1], Step(step.action, step.started, outcome, step.ran))
         return True
 
     def settle(self, outcome: str, now: float, cooldown_s: float, close: Optional[bool] = None) -> None:
@@ -164,17 +181,16 @@ class History:
         if inc is None or step is None:
             return False
         if step.ran is None:
-            inc.steps[-1] = Step(step.action, step.started, None, int(now))
+            inc.steps = (*inc.steps[:-1], Step(step.action, step.started, None, int(now)))
         return True
 
     def retract(self, step: Step) -> None:
         """Forget a step that never ran (its intent was written, then the run died before acting)."""
-        if self.incident is not None and step in self.incident.steps:
-            self.incident.steps.remove(step)
-            try:
-                self.repairs.remove((step.started, step.action))
-            except ValueError:
-                pass
+        inc = self.incident
+        if inc is not None and step in inc.steps:
+            inc.steps = _without(inc.steps, step)
+            if (step.started, step.action) in self.repairs:
+                self.repairs = _without(self.repairs, (step.started, step.action))
 
     def close(self, now: float, cooldown_s: float) -> None:
         inc = self.incident
@@ -182,7 +198,7 @@ class History:
             return
         if any(s.action in REPAIR_STEPS for s in inc.steps):
             self.cooldown_until = int(now + cooldown_s)
-        self.past.append((inc.first_seen, inc.failure_class))
+        self.past = (*self.past, (inc.first_seen, inc.failure_class))
         self.incident = None
 
     def abandon(self, now: float, why: str) -> None:
@@ -190,7 +206,7 @@ class History:
         inc = self.incident
         if inc is None:
             return
-        self.past.append((inc.first_seen, inc.failure_class))
+        self.past = (*self.past, (inc.first_seen, inc.failure_class))
         self.incident = None
         self.note = f"{int(now)} incident {inc.id} closed: {why}"[:MAX_NOTE]
 
@@ -211,29 +227,41 @@ class History:
         return History(self.seq, self._incident_copy(), _kept(self.repairs, cut, max(cap, MAX_REPAIRS)),
                        _kept(self.past, cut, max(cap, MAX_PAST)), cd, self.note)
 
-    def _incident_copy(self) -> Optional[Incident]:
+    def _incident_copy(self, steps: Optional[Tuple[Step, ...]] = None) -> Optional[Incident]:
+        """A copy of the open incident (``steps`` in place of its own, when given)."""
         inc = self.incident
         if inc is None:
             return None
-        # id, failure_class, code, gpu, first_seen, steps (never changed in place: a list copy will do), escalated,
-        # spare, hooks (positional: this runs twice per decision)
-        return Incident(inc.id, inc.failure_class, inc.code[:MAX_CODE], inc.gpu, inc.first_seen, list(inc.steps),
-                        inc.escalated, inc.spare or None, list(inc.hooks), inc.eviction)
+        # id, failure_class, code, gpu, first_seen, steps and hooks (tuples, never changed in place: shared),
+        # escalated, spare, eviction (positional: this runs twice per decision)
+        return Incident(inc.id, inc.failure_class, inc.code[:MAX_CODE], inc.gpu, inc.first_seen,
+                        inc.steps if steps is None else steps, inc.escalated, inc.spare or None, inc.hooks,
+                        inc.eviction)
 
     def copy(self) -> History:
-        """A deep copy (what loads(dumps(self)) gives, without the text round trip)."""
-        return History(self.seq, self._incident_copy(), list(self.repairs), list(self.past), self.cooldown_until,
-                       self.note)
+        """A copy that no change to it reaches the original through (what loads(dumps(self)) gives, without the text
+        round trip): the records it shares (tuples, Steps, an Eviction) are never changed in place."""
+        return History(self.seq, self._incident_copy(), self.repairs, self.past, self.cooldown_until, self.note)
 
 
-def _kept(entries: List[Tuple[int, str]], cut: float, keep: int) -> List[Tuple[int, str]]:
-    """prune() of one list, into a new list: the entries at or after ``cut``, oldest first, the last ``keep``."""
-    if len(entries) < 2:  # nothing to order (this runs twice per decision)
-        return [entries[0]] if entries and entries[0][0] >= cut else []
+def _kept(entries: Tuple[Tuple[int, str], ...], cut: float, keep: int) -> Tuple[Tuple[int, str], ...]:
+    """prune() of one list: the entries at or after ``cut``, oldest first, the last ``keep`` (``entries`` itself
+    when that is all of them, in order: this runs twice per decision)."""
+    n = len(entries)
+    if n < 2:
+        return entries if not n or entries[0][0] >= cut else ()
+    if n == 2 and entries[0] <= entries[1] and entries[0][0] >= cut and keep >= 2:
+        return entries
     out = sorted(entries)
     if out[0][0] < cut:
         out = [e for e in out if e[0] >= cut]
-    return out[-keep:] if len(out) > keep else out
+    return tuple(out[-keep:] if len(out) > keep else out)
+
+
+def _without(entries: Tuple[Any, ...], item: Any) -> Tuple[Any, ...]:
+    """``entries`` without the first entry equal to ``item``."""
+    i = entries.index(item)
+    return (*entries[:i], *entries[i + 1:])
 
 
 def dumps(h: History) -> str:
@@ -388,14 +416,14 @@ def _from_obj(d: dict) -> History:
                 code=str(i.get("k", "")),
                 gpu=_int(i["g"], "i.g") if i.get("g") is not None else None,
                 first_seen=_int(i["t"], "i.t"),
-                steps=steps,
+                steps=tuple(steps),
                 escalated=_int(i["e"], "i.e") if i.get("e") is not None else None,
                 spare=i.get("sp"),
-                hooks=[CODE_ACTION[c] for c in i.get("hk", "")],
+                hooks=tuple(CODE_ACTION[c] for c in i.get("hk", "")),
                 eviction=_eviction(i.get("ev")),
             )
-        h.repairs = [(_num(e[1:], "r"), CODE_ACTION[e[0]]) for e in _entries(d.get("r"), "r")]
-        h.past = [(_num(e[2:], "p"), CODE_CLASS[e[:2]]) for e in _entries(d.get("p"), "p")]
+        h.repairs = tuple([(_num(e[1:], "r"), CODE_ACTION[e[0]]) for e in _entries(d.get("r"), "r")])
+        h.past = tuple([(_num(e[2:], "p"), CODE_CLASS[e[:2]]) for e in _entries(d.get("p"), "p")])
         if d.get("cd") is not None:
             h.cooldown_until = _int(d["cd"], "cd")
         if d.get("nt") is not None:

@@ -122,11 +122,12 @@ class Case:
         out = hist.copy()
         if out.incident is None:  # a rule reached without what the rule order guarantees
             raise AssertionError("repair rule order: out.incident is not None")
-        out.incident.steps[-1] = step  # finish() replaced the pending step; Steps are never changed in place
+        out.incident.steps = (*out.incident.steps[:-1], step)  # finish() replaced the pending step
         return out
 
     def mk_inc(self, action: str, reason: str, rule: str, earliest: Optional[float] = None, **kw: Any) -> Decision:
-        """mk() for rules 4-10: the decision names the booked incident and its failure class."""
+        """mk() for rules 4-10 (and a resume): the decision names the incident (if one is open) and the failure
+        class (``cls``)."""
         inc = self.hist.incident if self.hist is not None else None
         # Decision's first ten fields by position (node, action, reason, earliest, needs_approval, failure_class,
         # incident, partition, code, gpu; test_repair_rules pins the order): matching keywords to its 21
@@ -410,7 +411,8 @@ def healthy(c: Case) -> Optional[Decision]:
             slurm_reason=held_reason(n, config, None, BREAKER_HELD),
             **inc_kw(inc),
         )
-    d = c.mk(
+    c.cls = cls
+    d = c.mk_inc(
         "resume",
         "{} report{}; drained by us ({})".format(
             c.verdict, " after " + inc.steps[-1].action if inc is not None and inc.steps else "", n.reason
@@ -418,7 +420,6 @@ def healthy(c: Case) -> Optional[Decision]:
         "healthy_resume",
         hist=hist,
         hist_after=after,
-        **dict(inc_kw(inc), failure_class=cls),
     )
     return gate(d, config, c.approved, now)
 
@@ -820,8 +821,7 @@ def start_step(c: Case, step: str, rule: str, why: str) -> Decision:
     if hist is None or hist.incident is None:  # a rule reached without what the rule order guarantees
         raise AssertionError("repair rule order: hist is not None and hist.incident is not None")
     inc = hist.incident
-    after = hist.copy()
-    after.start(step, now)
+    after = hist.started(step, now)
     if after.incident is None:  # a rule reached without what the rule order guarantees
         raise AssertionError("repair rule order: after.incident is not None")
     hook = None
@@ -835,7 +835,7 @@ def start_step(c: Case, step: str, rule: str, why: str) -> Decision:
             idempotency_key=hook_key(n.name, f"{inc.id}@{inc.first_seen}", step),
             reason=why,
         )
-        after.incident.hooks.append(step)
+        after.incident.hooks = (*after.incident.hooks, step)
     spare = None
     if config.spares_enabled and step in config.spare_on and inc.spare is None:
         spare = c.limits.take_spare(n)

@@ -53,11 +53,12 @@ def hist(cls="gpu_memory", code="xid48", t0=NOW - H, steps=(), repairs=None, pas
     if open_incident:
         h.seq = seq or (len(past) + 1)
         h.incident = Incident(id=h.seq, failure_class=cls, code=code, gpu=gpu, first_seen=int(t0),
-                              steps=[Step(st[0], int(st[1]), st[2], st[3] if len(st) > 3 else None)
-                                     for st in steps], escalated=escalated, spare=spare)
+                              steps=tuple(Step(st[0], int(st[1]), st[2], st[3] if len(st) > 3 else None)
+                                          for st in steps), escalated=escalated, spare=spare)
     else:
         h.seq = seq or len(past)
-    h.repairs = [(int(st[1]), st[0]) for st in steps] if repairs is None else [(int(t), a) for t, a in repairs]
-    h.past = [(int(t), c) for t, c in past]
+    h.repairs = tuple((int(st[1]), st[0]) for st in steps) if repairs is None else tuple((int(t), a)
+                                                                                         for t, a in repairs)
+    h.past = tuple((int(t), c) for t, c in past)
     h.cooldown_until = cooldown
     return dumps(h)

@@ -159,7 +159,7 @@ def test_a_run_killed_after_the_requeue_converges_and_the_ladder_goes_on():
         assert ev.done == int(NOW + 60) and ev.jobs == ("12",)
     # done, recorded: the plans after it never requeue the job again, whatever becomes of it
     h = loads(d.history_after)
-    h.incident.steps.clear()
+    h.incident.steps = ()
     d = decide(node(jobs=(("12", "FAILED", {"on_node": False}),), state="IDLE+DRAIN", history=dumps(h)),
                now=NOW + 120)
     assert d.action == "reset_gpu"

@@ -42,7 +42,7 @@ def test_round_trip():
     assert dumps(h) == text
     assert h.incident.pending().action == "reboot"
     assert h.incident.tried("reset_gpu") and not h.incident.tried("replace")
-    assert h.past == [(NOW - 3 * D, "nvlink")]
+    assert h.past == ((NOW - 3 * D, "nvlink"),)
     assert json.loads(text)["gf"] == 1
 
 
@@ -67,7 +67,27 @@ def test_prune_forgets_old_entries_and_expired_cooldown():
     h = loads(hist(repairs=[(NOW - 40 * D, "reboot"), (NOW - D, "reboot")], past=[(NOW - 40 * D, "nvlink")],
                    cooldown=NOW - 1))
     h.prune(NOW, 30 * D)
-    assert h.repairs == [(NOW - D, "reboot")] and h.past == [] and h.cooldown_until is None
+    assert h.repairs == ((NOW - D, "reboot"),) and h.past == () and h.cooldown_until is None
+
+
+@pytest.mark.parametrize("action", ["reset_gpu", "reboot", "replace"])
+def test_copies_share_nothing_a_change_reaches_and_started_is_copy_then_start(action):
+    text = hist(steps=[("reset_gpu", NOW - 600, "failed")], past=[(NOW - 3 * D, "nvlink")], spare="spare1")
+    h = loads(text)
+    want = h.copy()
+    want.start(action, NOW)
+    got = h.started(action, NOW)
+    assert got == want and got.incident.pending().action == action and got.repairs[-1] == (NOW, action)
+    for c in (h.copy(), h.pruned(NOW, 30 * D), got):  # every change to a copy leaves the original as it was
+        c.ran(NOW)
+        c.finish("ok")
+        c.start("reboot", NOW + 1)
+        c.retract(c.incident.steps[-1])
+        c.close(NOW + 2, 1800)
+        c.prune(NOW + 3 * D, D)
+        assert dumps(h) == text
+    with pytest.raises(HistoryError):
+        History().started(action, NOW)
 
 
 RECORD_ROWS = [

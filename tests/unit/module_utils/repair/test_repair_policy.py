@@ -406,7 +406,7 @@ def test_replace_brings_an_idle_spare_and_calls_the_hook():
     assert d.hook.action == "replace" and d.hook.node == "node2" and d.hook.incident == "1"
     assert d.hook.idempotency_key.startswith("gpufleet-")
     after = loads(d.history_after).incident
-    assert after.spare == "spare1" and after.hooks == ["replace"]
+    assert after.spare == "spare1" and after.hooks == ("replace",)
     # the same incident planned again gives the same idempotency key
     d2 = one(node(rep=LOST, history=hist(**LOST_AFTER_REBOOT)), fl=fleet(spares=("spare2", "spare1")))
     assert d2.hook.idempotency_key == d.hook.idempotency_key

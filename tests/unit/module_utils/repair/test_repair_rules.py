@@ -95,7 +95,7 @@ def test_in_progress_times_out_and_forgets_a_reboot_that_never_happened():
     rec["boot_time"] = NOW - 3 * H
     c = case(rec)
     assert R.reboot_never_happened(c.n, c.hist.incident.pending(), CONFIG)
-    assert R.in_progress(c) is None and c.hist.incident.steps == [] and c.hist.repairs == []
+    assert R.in_progress(c) is None and c.hist.incident.steps == () and c.hist.repairs == ()
     rec["reason"] = "gpufleet: xid48 gpu3 : reboot issued"
     c = case(rec)
     assert not R.reboot_never_happened(c.n, c.hist.incident.pending(), CONFIG)  # Slurm took it
@@ -264,7 +264,7 @@ def test_start_step_writes_the_intent_calls_the_hook_and_takes_a_spare():
     c = case(node(history=hist()), booked=True)
     d = R.start_step(c, "replace", "ladder", "why")
     after = loads(d.history_after)
-    assert after.incident.pending().action == "replace" and after.incident.hooks == ["replace"]
+    assert after.incident.pending().action == "replace" and after.incident.hooks == ("replace",)
     assert d.hook.idempotency_key == R.hook_key("node2", f"1@{NOW - H}", "replace")
     assert d.spare.spare == "spare1" and d.needs_approval and not d.runnable  # a replacement waits for a person
     assert c.limits.parallel == 0  # and takes no slot while it waits
