@@ -141,15 +141,15 @@ def plan(
         brk = breaker_in_slurm(nodes, brk, config.reason_prefix) or brk
     limits = Limits(fl, config)
     cases, problems = _prepare(nodes, config, now, limits, brk, approved)
-    tripped = _trip_breaker(cases, problems, brk, fl, config, now)
-    if tripped is not brk:
-        brk = tripped
-        for c in cases:
-            c.brk = brk
+    if config.breaker_enabled and not brk.tripped:
+        tripped = _trip_breaker(cases, problems, brk, fl, config, now)
+        if tripped is not brk:
+            brk = tripped
+            for c in cases:
+                c.brk = brk
     notes: List[str] = []
     if brk.tripped:
         notes.append(f"circuit breaker tripped: {brk.reason}; all automation holds until a person resets it")
-    _count_on_record(cases, limits, config, now)
 
     order = sorted(cases, key=lambda c: (c.t0, c.n.name)) if len(cases) > 1 else cases
     decisions: List[Decision] = []
@@ -173,8 +173,13 @@ def _prepare(nodes: List[NodeState], config: RepairConfig, now: float, limits: L
              approved: Approvals) -> Tuple[List[Case], Dict[str, Tuple[str, str]]]:
     """Read the reports up front (errors name the node) and take a working copy of each history: a Case per node
     (its first-seen time ``t0``, the oldest incident first decides first). A node whose history or report cannot be
-    used is held by itself (problems[name]: rule, why; its Case's ``hist`` is None); the others plan as usual."""
+    used is held by itself (problems[name]: rule, why; its Case's ``hist`` is None); the others plan as usual.
+
+    What is already under way counts against ``limits`` before anything new starts: evictions on record within the
+    window (jobs.max_evictions), and nodes already under repair (the concurrency limits; a node someone else took
+    over is not under repair by us any more)."""
     keep, cap = retention(config)
+    since_ev = now - config.eviction_window_s
     cases: List[Case] = []
     problems: Dict[str, Tuple[str, str]] = {}
     prefix = config.reason_prefix
@@ -198,6 +203,12 @@ def _prepare(nodes: List[NodeState], config: RepairConfig, now: float, limits: L
         elif not n.history_foreign:
             hist = History() if n.history is None else n.history.pruned(now, keep, cap)
             t0 = _first_seen(n, hist, now, out)
+            inc = hist.incident
+            if inc is not None:
+                if inc.eviction is not None and inc.eviction.at >= since_ev:
+                    limits.evictions += 1
+                if not foreign and inc.pending() is not None:
+                    limits.take_active(n, started_now=False)
         cases.append(Case(n, hist, verdict, action, code, gpu, t0, config, limits, brk, approved, now, foreign, out))
     return cases, problems
 
@@ -215,21 +226,6 @@ def _trip_breaker(cases: List[Case], problems: Mapping[str, Any], brk: BreakerSt
                      if c.verdict in _UNHEALTHY and c.t0 >= since and c.n.name not in problems)
     why = breaker_trips(config, fl.total, len(failing), "nodes failed")
     return brk if why is None else BreakerState(tripped=True, since=float(now), nodes=failing, reason=why)
-
-
-def _count_on_record(cases: List[Case], limits: Limits, config: RepairConfig, now: float) -> None:
-    """What is already under way counts against the limits before anything new starts: evictions on record within
-    the window (jobs.max_evictions), and nodes already under repair (the concurrency limits; a node someone else
-    took over is not under repair by us any more)."""
-    since_ev = now - config.eviction_window_s
-    for c in cases:
-        inc = c.hist.incident if c.hist is not None else None
-        if inc is None:
-            continue
-        if inc.eviction is not None and inc.eviction.at >= since_ev:
-            limits.evictions += 1
-        if inc.pending() is not None and not c.why_foreign:
-            limits.take_active(c.n, started_now=False)
 
 
 def _problem(n: NodeState, problem: Tuple[str, str], foreign: Optional[str], config: RepairConfig,
