@@ -851,8 +851,7 @@ def start_step(c: Case, step: str, rule: str, why: str) -> Decision:
 
 #: The rules before an incident is booked, in order.
 BEFORE_BOOKING: Tuple[Callable[[Case], Optional[Decision]], ...] = (foreign_history, not_ours, no_report, in_progress)
-#: Then, for a node with nothing to repair (``Case.actionable`` false; each of them passes an actionable node on), in
-#: order.
+#: Then, in order, for a node with nothing to repair (``Case.actionable`` false: each passes any other node on).
 NOTHING_TO_REPAIR: Tuple[Callable[[Case], Optional[Decision]], ...] = (drain_requested, healthy, degraded_monitor)
 #: The rules after the incident is booked, in order, before the next step is chosen.
 WAITING: Tuple[Callable[[Case], Optional[Decision]], ...] = (escalated, breaker, ttl, drain, draining, cooldown)
