@@ -141,12 +141,11 @@ def plan(
         brk = breaker_in_slurm(nodes, brk, config.reason_prefix) or brk
     limits = Limits(fl, config)
     cases, problems = _prepare(nodes, config, now, limits, brk, approved)
-    if config.breaker_enabled and not brk.tripped:
-        tripped = _trip_breaker(cases, problems, brk, fl, config, now)
-        if tripped is not brk:
-            brk = tripped
-            for c in cases:
-                c.brk = brk
+    tripped = _trip_breaker(cases, problems, brk, fl, config, now)
+    if tripped is not brk:
+        brk = tripped
+        for c in cases:
+            c.brk = brk
     notes: List[str] = []
     if brk.tripped:
         notes.append(f"circuit breaker tripped: {brk.reason}; all automation holds until a person resets it")
