@@ -415,6 +415,20 @@ def test_frontier_scenario_runs_at_a_sensible_operating_point():
     assert r["interruptions"] > 50 and r["ettr"] > 0.6  # a blocking save every Young interval would give ~0.06
 
 
+def test_million_gpu_scenario_runs_at_a_sensible_operating_point():
+    """frontier-1m (the million-GPU benchmark case): ten frontier jobs train most of the time and the spare pool
+    holds; the same fleet as one synchronous job (the header's reason for ten) hardly trains."""
+    sc = scn.load(val.SCENARIOS / "frontier-1m.yaml")
+    assert sc["cluster"]["nodes"] * sc["cluster"]["gpus_per_node"] == 1_000_000
+    assert [j["nodes"] for j in sc["jobs"]] == [12_000] * 10
+    pol = resolve("passive+auto-repair+hot-spares")
+    r = run_one(sc, pol, 1, horizon_h=24.0)
+    assert r["interruptions"] > 300 and r["ettr"] > 0.6 and r["pool_ran_empty"] == 0
+    one = scn.override(sc["raw"], {"jobs": [dict(sc["raw"]["jobs"][0], nodes=120_000)]})
+    r1 = run_one(scn.validate(one), pol, 1, horizon_h=24.0)
+    assert r1["ettr"] < 0.2, r1["ettr"]
+
+
 @pytest.mark.slow  # a fresh interpreter runs two seeds and renders the PNG report (~2 s)
 def test_one_policy_run_has_a_report(tmp_path):
     r = subprocess.run([sys.executable, "-m", "gpufleet_sim.cli", "run", str(val.SCENARIOS / "default-1k.yaml"),
