@@ -125,7 +125,9 @@ def plan(
     if isinstance(now, bool) or not isinstance(now, (int, float)):
         raise RepairError(f"now: expected epoch seconds, got {now!r}")
     fl = fleet if fleet.__class__ is FleetSummary else FleetSummary.from_dict(fleet)
-    nodes = [d if d.__class__ is NodeState else NodeState.from_dict(d, i) for i, d in enumerate(attention or ())]
+    nodes: List[NodeState] = []
+    for i, a in enumerate(attention or ()):  # a loop, not a comprehension: no frame of its own per plan
+        nodes.append(a if a.__class__ is NodeState else NodeState.from_dict(a, i))
     if len(nodes) > 1:
         seen: Set[str] = set()
         for n in nodes:
