@@ -29,6 +29,7 @@ import gc
 import math
 import random
 import zlib
+from heapq import heapify
 
 import simpy
 
@@ -43,7 +44,34 @@ from .records import Failure, H, JobAction, NodeRec
 from .repairs import RepairRuns
 from .vslurm import VirtualSlurm
 
-__all__ = ["H", "Failure", "Job", "NodeRec", "Sim", "daly", "daly_wall", "young"]
+__all__ = ["H", "Env", "Failure", "Job", "NodeRec", "Sim", "daly", "daly_wall", "young"]
+
+
+class Env(simpy.Environment):
+    """SimPy's environment, with a way to take a timeout nobody waits for any more out of its queue.
+
+    An interrupt that ends a job's sleep leaves the sleep's timeout in SimPy's queue until its time comes (a job
+    that checkpoints every step sleeps until its work is done), where every push and pop of the heap sifts past it:
+    in the AIReSim case about 3,700 such timeouts on average against about 40 live events. ``abandon`` marks one;
+    when the marked ones could be half of the queue, the queue is rebuilt without them. The queue is ordered by
+    (time, priority, a unique event number), a total order, so the live events come out in the same order as before
+    and seeded results do not move."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._abandoned = 0
+
+    def abandon(self, ev: simpy.Event) -> None:
+        """Nobody waits for ``ev`` (a timeout its process was interrupted out of): it may leave the queue."""
+        if ev.callbacks is None or ev.callbacks:
+            return  # already processed, or someone still waits for it
+        ev.abandoned = True  # type: ignore[attr-defined]
+        self._abandoned += 1
+        q = self._queue
+        if self._abandoned * 2 > len(q):
+            q[:] = [e for e in q if not getattr(e[3], "abandoned", False)]
+            heapify(q)
+            self._abandoned = 0
 
 
 class Sim(FaultProcesses, RepairRuns, Evictions, People):
@@ -59,7 +87,7 @@ class Sim(FaultProcesses, RepairRuns, Evictions, People):
         # common random numbers: fault arrivals and the properties of each fault come from their own streams, so
         # every policy run with the same seed meets the same faults at the same times (sharper comparisons)
         self.frng = {f["name"]: self.stream("fault:" + f["name"]) for f in sc["faults"]}
-        self.env = simpy.Environment()
+        self.env = Env()
         self.vslurm = VirtualSlurm(lambda: float(to_epoch(self.env.now)))
         cl = sc["cluster"]
         self.N = cl["nodes"]

@@ -95,16 +95,20 @@ class Job:
                 self.jf_next = now + self.jrng.expovariate(self.jf_rate)
             exposed = self.computing or self.spec["faults_while_down"]
             if exposed and self.jf_next < now + dt:
+                t = env.timeout(self.jf_next - now)
                 try:
-                    yield env.timeout(self.jf_next - now)
+                    yield t
                 except simpy.Interrupt:
+                    env.abandon(t)
                     return False
                 self.jf_next = env.now + self.jrng.expovariate(self.jf_rate)
                 self.sim.job_fault(self)
                 return False
+        t = env.timeout(dt)
         try:
-            yield env.timeout(dt)
+            yield t
         except simpy.Interrupt:
+            env.abandon(t)  # its time would still come, for nobody: out of SimPy's queue
             return False
         return True
 
