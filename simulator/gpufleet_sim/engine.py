@@ -55,7 +55,8 @@ class Env(simpy.Environment):
     in the AIReSim case about 3,700 such timeouts on average against about 40 live events. ``abandon`` marks one;
     when the marked ones could be half of the queue, the queue is rebuilt without them. The queue is ordered by
     (time, priority, a unique event number), a total order, so the live events come out in the same order as before
-    and seeded results do not move."""
+    and seeded results do not move. This reads SimPy 4's queue (``_queue``, a heap of (time, priority, number,
+    event)); the version is pinned, and tests/unit/simulator/test_engine_queue.py fails if that changes."""
 
     def __init__(self) -> None:
         super().__init__()
