@@ -12,11 +12,24 @@ from gpufleet_sim.engine import Env, Sim
 from gpufleet_sim.policies import resolve
 
 
+def _queue_sizes(env) -> list:
+    """The queue's size at every step of ``env`` from now on (the list fills as the run goes)."""
+    sizes = []
+    step = env.step
+
+    def counted():
+        sizes.append(len(env._queue))
+        step()
+
+    env.step = counted
+    return sizes
+
+
 def _world(env, abandon):
     """Sleepers that an interrupter cuts short at random; each logs when it wakes and why. Returns the log and the
     queue's size at every step."""
     rng = random.Random(7)
-    log, sizes = [], []
+    log = []
 
     def sleeper(i):
         while True:
@@ -36,13 +49,7 @@ def _world(env, abandon):
             procs[rng.randrange(len(procs))].interrupt()
 
     env.process(interrupter())
-    step = env.step
-
-    def counted():
-        sizes.append(len(env._queue))
-        step()
-
-    env.step = counted
+    sizes = _queue_sizes(env)
     env.run(until=200)
     return log, sizes
 
@@ -63,10 +70,11 @@ def test_a_timeout_someone_waits_for_stays():
     env.abandon(t)
     env.run()
     assert got == [5]
+    assert not hasattr(t, "abandoned") and env._abandoned == 0  # not marked: a rebuild would have dropped it
     done = env.timeout(1)
     env.run()
-    env.abandon(done)  # already processed: nothing to take out
-    assert done.processed
+    env.abandon(done)  # already processed: nothing to take out, nothing counted
+    assert done.processed and not hasattr(done, "abandoned") and env._abandoned == 0
 
 
 def test_a_run_keeps_simpys_queue_near_its_live_events():
@@ -74,13 +82,6 @@ def test_a_run_keeps_simpys_queue_near_its_live_events():
     that sleep's timeout in the queue (about 3,700 of them, 7,200 at the peak, over the whole run)."""
     sc = scn.load(val.SCENARIOS / "airesim-default.yaml")
     sim = Sim(sc, resolve("passive+auto-repair+hot-spares"), 1, default_brain(sc), horizon_h=24.0 * 60)
-    sizes = []
-    step = sim.env.step
-
-    def counted():
-        sizes.append(len(sim.env._queue))
-        step()
-
-    sim.env.step = counted
+    sizes = _queue_sizes(sim.env)
     sim.run()
     assert len(sizes) > 15_000 and max(sizes) < 400, (len(sizes), max(sizes))
