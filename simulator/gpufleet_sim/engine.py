@@ -341,18 +341,18 @@ class Sim(FaultProcesses, RepairRuns, Evictions, People):
     def fleet_summary(self, batch, spares: bool = True) -> FleetSummary:
         """The whole fleet as one repair run reads it: counts for the partition and for each rack of the nodes
         planned (a node's limits read its own rack only); as many idle hot spares as nodes planned at most."""
-        size, names, rack_out = self.rack, self.rack_names, self.rack_out
+        size, names, rack_out, total_n = self.rack, self.rack_names, self.rack_out, self.N
         doms = {}
-        for n in batch:
+        for n in batch:  # (two nodes of one rack make the same Counts twice)
             r = n // size
-            name = names[r]
-            if name not in doms:
-                total = min(size, self.N - r * size)
-                ro = rack_out.get(r, 0)
-                doms[name] = Counts(total, total - ro, ro)
+            total = total_n - r * size
+            if total > size:
+                total = size
+            ro = rack_out.get(r, 0)
+            doms[names[r]] = Counts(total, total - ro, ro, [])
         hot = [None] * min(len(self.idle), len(batch)) if spares and self.policy["spares"] == "hot" else []
-        return FleetSummary(self.N, {PARTITION: Counts(self.N, self.N - self.out_count, self.out_count, hot)},
-                            {"rack": doms})
+        out = self.out_count
+        return FleetSummary(total_n, {PARTITION: Counts(total_n, total_n - out, out, hot)}, {"rack": doms})
 
     # --- run ---------------------------------------------------------------------------------------------------------
     def run(self) -> dict:

@@ -39,10 +39,12 @@ class RepairRuns:
         once the event has fired, ``answers[n]`` is the node's Decision. Every node on one run is planned by one
         plan() call, the way one run of the repair playbook plans them all (two processes asking about one node on
         one run read the same Decision). The answers live as long as the processes that asked hold them."""
-        t = self.next_run(max(at, self.env.now))
+        env = self.env
+        now = env.now
+        t = self.next_run(at if at > now else now)
         run = self._runs.get(t)
         if run is None:
-            ev = self.env.timeout(t - self.env.now, t)
+            ev = env.timeout(t - now, t)
             ev.callbacks.append(self._repair_run)  # first callback: plans before any waiting node resumes
             run = self._runs[t] = (ev, {}, {})
         run[1][n] = (sl, approvals)
@@ -52,11 +54,12 @@ class RepairRuns:
         """The repair run at ``event.value`` (its time): plan every node on it together."""
         _ev, batch, decided = self._runs.pop(event.value)
         stats = self.stats
+        k = len(batch)
         stats["brain_calls"] += 1
-        stats["decisions"] += len(batch)
-        if len(batch) > stats["peak_run"]:
-            stats["peak_run"] = len(batch)
-        if len(batch) == 1:  # the usual run: one node
+        stats["decisions"] += k
+        if k > stats["peak_run"]:
+            stats["peak_run"] = k
+        if k == 1:  # the usual run: one node
             ((sl, approvals),) = batch.values()
             nodes = [sl]
         else:
@@ -127,12 +130,13 @@ class RepairRuns:
             vs.report(sl, v["report"], now_s)
         approvals: set = set()
         at = env.now
-        seen: list = []
+        seen: list = []  # the last decisions before the guard gives up (for its error)
         for _guard in range(200):
             run, answers = self.ask(n, sl, at, approvals)
             yield run
             d = answers[n]
-            seen.append((round(env.now, 2), d.action, d.rule))
+            if _guard >= 194:
+                seen.append((round(env.now, 2), d.action, d.rule))
             at = env.now
             a = d.action
             if a == "wait":

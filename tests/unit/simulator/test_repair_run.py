@@ -158,3 +158,37 @@ def test_every_job_action_is_one_plan_decision():
         else:
             assert st["evict_waited"] == n and st["evict_checkpoint"] == st["evict_requeue"] == 0
         _replay(brain)
+
+
+class _NeverSettles(CollectionBrain):
+    """A brain that answers every repair run with a short wait: a node it is asked about never settles."""
+
+    def plan_run(self, nodes, fleet, now_h, approvals=(), breaker=None):
+        when = float(to_epoch(now_h))
+        return repair.Plan([repair.Decision(n.name, "wait", "test: never settles", when, rule="test_wait")
+                            for n in nodes], breaker)
+
+
+def test_a_brain_that_never_settles_stops_the_run_naming_its_last_decisions():
+    """The repair process gives up after 200 decisions on one node and says which ones came last (the six it kept):
+    a run that would loop for ever fails loudly instead."""
+    sc = scn.load(val.SCENARIOS / "default-1k.yaml")
+    fault = next(f for f in sc["faults"] if f["name"] == "faulty_gpu")
+    sc["faults"] = []
+    sc["false_positive"] = None
+    sim = Sim(sc, resolve("passive+auto-repair+hot-spares"), 1, default_brain(sc, cls=_NeverSettles))
+    job = sim.jobs[0]
+
+    def strike():
+        yield sim.env.timeout(1.0)
+        sim._crash(job, 16, fault)
+
+    sim.env.process(strike())
+    try:
+        sim.env.run(until=400.0)
+    except RuntimeError as exc:
+        msg = str(exc)
+    else:
+        raise AssertionError("the run went on past 200 decisions on one node")
+    assert msg.startswith("node 16: the repair brain did not settle after 200 decisions; the last: [(")
+    assert msg.count("'wait', 'test_wait')") == 6, msg
