@@ -80,7 +80,7 @@ def foreign_reason(
     whether the node is out of service and in maintenance, when the caller knows already (else they are worked out
     from ``state`` and ``flags``).
     """
-    if not isinstance(prefix, str) or not prefix.strip():
+    if not isinstance(prefix, str) or not prefix or prefix.isspace():
         raise ValueError(f"reason_prefix: expected a non-empty string, got {prefix!r}")
     if in_maintenance(state, flags) if maint is None else maint:
         return IN_MAINTENANCE

@@ -81,8 +81,6 @@ class Limits:
         self.spare_next: Dict[str, int] = {}
         self.spares_taken: Set[str] = set()
         self._node_groups: Dict[str, List[Tuple[GroupKey, Counts, int]]] = {}
-        self._need: Dict[str, int] = {}  # partition -> nodes min_healthy keeps available
-        self._seen_groups: Dict[GroupKey, Optional[Tuple[GroupKey, Counts, int]]] = {}
         self.evictions = 0  # evictions begun within the window (plan() counts those on record first)
 
     def _groups(self, node: NodeState) -> List[Tuple[GroupKey, Counts, int]]:
@@ -94,30 +92,20 @@ class Limits:
 
     def _find_groups(self, node: NodeState) -> List[Tuple[GroupKey, Counts, int]]:
         out: List[Tuple[GroupKey, Counts, int]] = []
-        group = self._group
+        fleet, config = self.fleet, self.config
         for p in node.partitions:
-            g = group(("partition", p), self.config.max_unavailable)
-            if g is not None:
-                out.append(g)
+            c = fleet.partitions.get(p)
+            if c is not None:
+                out.append((("partition", p), c, limit_of(c, config.max_unavailable)))
         if node.domains:
-            limits = self.config.domain_limits
+            limits = config.domain_limits
             for kind, dom in node.domains.items():
                 limit = limits.get(kind)
                 if limit is not None:
-                    g = group((kind, dom), limit)
-                    if g is not None:
-                        out.append(g)
+                    c = fleet.domain(kind, dom)
+                    if c is not None:
+                        out.append(((kind, dom), c, limit_of(c, limit)))
         return out
-
-    def _group(self, key: GroupKey, limit: Limit) -> Optional[Tuple[GroupKey, Counts, int]]:
-        """(key, counts, limit as a node count) of one partition or domain, read once per plan."""
-        if key in self._seen_groups:
-            return self._seen_groups[key]
-        kind, name = key
-        c = self.fleet.partitions.get(name) if kind == "partition" else self.fleet.domain(kind, name)
-        g = None if c is None else (key, c, limit_of(c, limit))
-        self._seen_groups[key] = g
-        return g
 
     def min_healthy_block(self, node: NodeState) -> Optional[str]:
         """``min_healthy``: why the node's partition has too few nodes available for automation to act, or None."""
@@ -125,9 +113,7 @@ class Limits:
             c = self.fleet.partitions.get(p)
             if c is None or c.total == 0:
                 continue
-            need = self._need.get(p)
-            if need is None:
-                need = self._need[p] = int(math.ceil(self.config.min_healthy * c.total - 1e-9))
+            need = math.ceil(self.config.min_healthy * c.total - 1e-9)
             avail = c.available - self.new_unavailable.get(("partition", p), 0)
             if avail < need:
                 return (

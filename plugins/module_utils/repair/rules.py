@@ -125,16 +125,21 @@ class Case:
         out.incident.steps = (*out.incident.steps[:-1], step)  # finish() replaced the pending step
         return out
 
-    def mk_inc(self, action: str, reason: str, rule: str, earliest: Optional[float] = None, **kw: Any) -> Decision:
+    def mk_inc(self, action: str, reason: str, rule: str, earliest: Optional[float] = None,
+               hist: Optional[History] = None, hist_after: Optional[History] = None, **kw: Any) -> Decision:
         """mk() for rules 4-10 (and a resume): the decision names the incident (if one is open) and the failure
         class (``cls``)."""
         inc = self.hist.incident if self.hist is not None else None
-        # Decision's first ten fields by position (node, action, reason, earliest, needs_approval, failure_class,
-        # incident, partition, code, gpu; test_repair_rules pins the order): matching keywords to its 21
-        # parameters cost more than the rest of this call
-        return Decision(self.n.name, action, reason, float(self.now if earliest is None else earliest), False,
-                        self.cls, None if inc is None else str(inc.id), self.part, self.code, self.gpu, rule=rule,
-                        **kw)
+        at = float(self.now if earliest is None else earliest)
+        incident = None if inc is None else str(inc.id)
+        # Decision's fields by position (node, action, reason, earliest, needs_approval, failure_class, incident,
+        # partition, code, gpu, then approved ... rule; test_repair_rules pins the order): matching keywords to its
+        # 21 parameters cost more than the rest of this call
+        if kw:
+            return Decision(self.n.name, action, reason, at, False, self.cls, incident, self.part, self.code, self.gpu,
+                            rule=rule, hist=hist, hist_after=hist_after, **kw)
+        return Decision(self.n.name, action, reason, at, False, self.cls, incident, self.part, self.code, self.gpu,
+                        False, False, False, None, None, hist, hist_after, rule)
 
     def foreign(self) -> Optional[str]:
         return self.why_foreign
@@ -741,7 +746,10 @@ def ladder(c: Case) -> Tuple[str, str, str]:
     if inc is None:  # a rule reached without what the rule order guarantees
         raise AssertionError("repair rule order: inc is not None")
     steps = c.config.ladder_for(c.cls)
-    done = [s.action for s in inc.steps if s.outcome != "unproven"]  # a step never proven to have run: offered again
+    done = []
+    for st in inc.steps:  # a loop, not a comprehension (a frame of its own on 3.9-3.11)
+        if st.outcome != "unproven":  # a step never proven to have run: offered again
+            done.append(st.action)
     step = None
     for s in steps[ladder_start(steps, c.report_action):]:
         if s not in done:

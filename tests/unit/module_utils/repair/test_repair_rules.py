@@ -309,19 +309,25 @@ def test_decide_runs_the_rules_in_order():
 
 
 def test_mk_inc_fills_the_fields_it_passes_by_position():
-    # Case.mk_inc passes Decision's first ten fields by position: a reordered Decision must fail here, not
+    # Case.mk_inc passes Decision's first 18 fields by position: a reordered Decision must fail here, not
     # shift a partition into a code
     from dataclasses import fields
 
     from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import Decision
 
-    assert [f.name for f in fields(Decision)][:10] == ["node", "action", "reason", "earliest", "needs_approval",
-                                                       "failure_class", "incident", "partition", "code", "gpu"]
+    assert [f.name for f in fields(Decision)][:18] == ["node", "action", "reason", "earliest", "needs_approval",
+                                                       "failure_class", "incident", "partition", "code", "gpu",
+                                                       "approved", "runnable", "verify", "spare", "hook", "hist",
+                                                       "hist_after", "rule"]
     c = case(node(history=hist()), booked=True)
-    d = c.mk_inc("wait", "why", "ttl", earliest=NOW + 5, since=NOW - 9)
-    assert (d.node, d.action, d.reason, d.earliest, d.needs_approval, d.failure_class, d.incident, d.partition,
-            d.code, d.gpu, d.rule, d.since) == ("node2", "wait", "why", NOW + 5, False, c.cls, "1", "gpu", c.code,
-                                                c.gpu, "ttl", NOW - 9)
+    after = c.hist.copy()
+    for kw in ({"since": NOW - 9}, {}):  # with a field past rule (keywords), and without (all by position)
+        d = c.mk_inc("wait", "why", "ttl", earliest=NOW + 5, hist=c.hist, hist_after=after, **kw)
+        assert (d.node, d.action, d.reason, d.earliest, d.needs_approval, d.failure_class, d.incident, d.partition,
+                d.code, d.gpu, d.rule, d.since) == ("node2", "wait", "why", NOW + 5, False, c.cls, "1", "gpu", c.code,
+                                                    c.gpu, "ttl", kw.get("since"))
+        assert (d.approved, d.runnable, d.verify, d.spare, d.hook, d.jobs) == (False, False, False, None, None, None)
+        assert d.hist is c.hist and d.hist_after is after and d.slurm_reason is None
 
 
 # --- the limits, in one place ----------------------------------------------------------------------------------
