@@ -32,6 +32,7 @@ import zlib
 from heapq import heapify
 
 import simpy
+from simpy.core import BoundClass
 
 from ansible_collections.gpufleet.reliability.plugins.module_utils.repair import BreakerState, Counts, FleetSummary
 
@@ -61,6 +62,12 @@ class Env(simpy.Environment):
     def __init__(self) -> None:
         super().__init__()
         self._abandoned = 0
+        # SimPy binds its event classes (timeout, event, process...) to the instance once, for speed, but only those
+        # of the instance's own class (BoundClass.bind_early reads type(self).__dict__): a subclass would make a
+        # bound method at every env.timeout. Bind Environment's here as SimPy does for its own.
+        for name, obj in vars(simpy.Environment).items():
+            if type(obj) is BoundClass:
+                setattr(self, name, getattr(self, name))
 
     def abandon(self, ev: simpy.Event) -> None:
         """Nobody waits for ``ev`` (a timeout its process was interrupted out of): it may leave the queue."""

@@ -85,3 +85,17 @@ def test_a_run_keeps_simpys_queue_near_its_live_events():
     sizes = _queue_sizes(sim.env)
     sim.run()
     assert len(sizes) > 15_000 and max(sizes) < 400, (len(sizes), max(sizes))
+
+
+def test_env_keeps_simpys_early_binding():
+    """SimPy binds its event classes to a plain Environment once (env.timeout is then a stored bound method); a
+    subclass loses that unless it binds them itself: each env.timeout would make a new bound method."""
+    plain, ours = simpy.Environment(), Env()
+    bound = sorted(k for k, v in vars(plain).items() if callable(v) and getattr(v, "__self__", None) is plain)
+    assert {"timeout", "event", "process", "all_of", "any_of"} <= set(bound)
+    for name in bound:
+        assert name in vars(ours) and getattr(ours, name) is getattr(ours, name), name
+        assert getattr(ours, name).__func__ is getattr(plain, name).__func__, name
+    t = ours.timeout(2.0, "v")
+    ours.run()
+    assert ours.now == 2.0 and t.value == "v"
