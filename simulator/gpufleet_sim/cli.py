@@ -141,8 +141,7 @@ def export_runs(sc: dict, policy: dict, seeds: int, out: Path) -> list:
     written = []
     for seed in range(1, seeds + 1):
         sim = Sim(sc, policy, seed, _brain(sc, policy, {}))
-        sim.vslurm.history_log = []
-        sim.vslurm.report_log = []
+        sim.keep_records()
         sim.run()
         files = export_history(sim, out / policy["name"].replace("/", "_") / f"seed-{seed}")
         written += list(files.values())

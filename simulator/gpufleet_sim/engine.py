@@ -361,6 +361,18 @@ class Sim(FaultProcesses, RepairRuns, Evictions, People):
         out = self.out_count
         return FleetSummary(total_n, {PARTITION: Counts(total_n, total_n - out, out, hot)}, {"rack": doms})
 
+    def keep_records(self, histories: bool = True, reports: bool = True) -> None:
+        """Keep what a real cluster's records would show of this run, for export.py (call before ``run``):
+        slurmdbd's node events and sacct's job runs; with ``histories`` every write of a node's repair history, with
+        ``reports`` every report of the agent. A run keeps none of them unless asked: no result reads them."""
+        self.vslurm.events = []
+        for job in self.jobs:
+            job.runs = []
+        if histories:
+            self.vslurm.history_log = []
+        if reports:
+            self.vslurm.report_log = []
+
     # --- run ---------------------------------------------------------------------------------------------------------
     def run(self) -> dict:
         with few_collections():

@@ -46,7 +46,17 @@ def iso(epoch: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch))
 
 
+NOT_KEPT = "the run kept no records: call sim.keep_records() before sim.run()"
+
+
+def _kept(sim) -> None:
+    if sim.vslurm.events is None or any(job.runs is None for job in sim.jobs):
+        raise ValueError(NOT_KEPT)
+
+
 def events_text(events) -> str:
+    if events is None:
+        raise ValueError(NOT_KEPT)
     lines = ["|".join(EVENT_FIELDS)]
     for name, start, end, state, reason, user in events:
         lines.append("|".join((CLUSTER, name, iso(start), "Unknown" if end is None else iso(end), state,
@@ -55,6 +65,7 @@ def events_text(events) -> str:
 
 
 def sacct_json(sim) -> dict:
+    _kept(sim)
     jobs = []
     jid = 1000
     for job in sim.jobs:
@@ -106,8 +117,10 @@ def series_jsonl(report_log) -> str:
 
 
 def export_history(sim, out: Path) -> dict:
-    """Write the run's records into ``out`` (created if missing); the paths written. The nodes' repair histories
-    are there when the run kept them (``sim.vslurm.history_log``, set before the run)."""
+    """Write the run's records into ``out`` (created if missing); the paths written. The run must have kept them
+    (``sim.keep_records()`` before it ran); the nodes' repair histories and the agent's series are there when it kept
+    those too."""
+    _kept(sim)
     out = Path(out)
     files = {"events": out / "events.txt", "sacct": out / "sacct.json"}
     _atomic_write(files["events"], events_text(sim.vslurm.events).encode())

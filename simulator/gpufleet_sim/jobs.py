@@ -44,8 +44,9 @@ class Job:
         self.poked: simpy.Event | None = None  # the interrupt on its way to the job's process (see poke)
         self.seg_start, self.seg_rate = 0.0, 1.0
         #: the job's runs as Slurm's accounting records them: (start_h, end_h, state); a run ends at a crash
-        #: (NODE_FAIL, or FAILED for a fault of the job's own software), a drain's requeue (REQUEUED) or the end
-        self.runs: list[tuple[float, float, str]] = []
+        #: (NODE_FAIL, or FAILED for a fault of the job's own software), a drain's requeue (REQUEUED) or the end.
+        #: None keeps nothing (no result reads them): Sim.keep_records() makes it a list for export.py
+        self.runs: list[tuple[float, float, str]] | None = None
         self.run_start = sim.env.now
         self.jf_classes = []
         for f in sim.sc["faults"]:
@@ -156,7 +157,8 @@ class Job:
     def end_run(self, state: str) -> None:
         """The current run ends now with ``state`` (when one is under way)."""
         if self.run_start is not None:
-            self.runs.append((self.run_start, self.sim.env.now, state))
+            if self.runs is not None:
+                self.runs.append((self.run_start, self.sim.env.now, state))
             self.run_start = None
 
     def _recover(self):

@@ -9,9 +9,9 @@ what the brain reads is what Slurm would show after the same events.
 
 ``drain`` and ``resume`` take names, as the Slurm adapter's client does; the other events are Slurm's own.
 
-It also keeps what slurmdbd would record of those events (``events``: ``sacctmgr show event``'s node events: the
-node, when it went out of service and came back, DRAIN or DOWN, the reason and who set it), which
-``gpufleet-sim run --export-history`` writes out for ``gpufleet-sim calibrate``.
+When asked (``Sim.keep_records``) it also keeps what slurmdbd would record of those events (``events``:
+``sacctmgr show event``'s node events: the node, when it went out of service and came back, DRAIN or DOWN, the
+reason and who set it), which ``gpufleet-sim run --export-history`` writes out for ``gpufleet-sim calibrate``.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ class VirtualSlurm:
     def __init__(self, clock: Callable[[], float]):
         self.clock = clock
         self.records: Dict[str, NodeState] = {}
-        #: node events as slurmdbd keeps them: [node, start, end (None: still out), state, reason, user]
-        self.events: List[list] = []
+        #: node events as slurmdbd keeps them: [node, start, end (None: still out), state, reason, user], when a
+        #: list (``Sim.keep_records``, for ``--export-history``); None keeps nothing (no result reads them)
+        self.events: Optional[List[list]] = None
         self._open: Dict[str, list] = {}
         #: every write of a node's repair history as (time, node, its text in Slurm's field) when a list
         #: (``--export-history`` sets it: what a site's dumps of its node records would show); None keeps nothing
@@ -44,6 +45,8 @@ class VirtualSlurm:
 
     def _event(self, name: str, state: str, reason: str, user: str, now: float) -> None:
         """A node went out of service, or its reason changed while out: the open event ends, a new one begins."""
+        if self.events is None:
+            return
         ev = self._open.get(name)
         if ev is not None:
             if ev[3] == state and ev[4] == reason:

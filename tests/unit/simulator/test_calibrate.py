@@ -29,6 +29,7 @@ HEADER = "Cluster|NodeName|TimeStart|TimeEnd|State|Reason|User"
 def _records(sc, seed):
     pol = resolve("passive+auto-repair+hot-spares")
     sim = Sim(sc, pol, seed, default_brain(sc))
+    sim.keep_records(histories=False, reports=False)
     sim.run()
     events = cal.read_events(events_text(sim.vslurm.events).splitlines(), "events")
     runs = cal.read_sacct(json.dumps(sacct_json(sim), indent=1), "sacct")
@@ -204,6 +205,7 @@ def test_reading_reports_its_progress_in_bytes(tmp_path, monkeypatch, truth):
     sc, _brain, _rates = truth
     pol = resolve("passive+auto-repair+hot-spares")
     sim = Sim(sc, pol, 1, default_brain(sc))
+    sim.keep_records(histories=False, reports=False)
     sim.run()
     (tmp_path / "events.txt").write_text(events_text(sim.vslurm.events))
     (tmp_path / "sacct.json").write_text(json.dumps(sacct_json(sim), indent=1))

@@ -33,7 +33,7 @@ SIMDIR = Path(__file__).resolve().parents[3] / "simulator"
 
 def _sim(sc, seed):
     sim = Sim(sc, resolve("passive+auto-repair+hot-spares"), seed, default_brain(sc))
-    sim.vslurm.report_log = []
+    sim.keep_records(histories=False)
     sim.run()
     return sim
 

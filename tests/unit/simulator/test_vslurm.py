@@ -103,3 +103,42 @@ def test_slurm_events_as_slurm_shows_them():
     assert not sl.out_of_service
     with pytest.raises(KeyError):
         vs.drain(["node999999"], "gpufleet: x")  # only nodes the cluster has
+
+
+def test_slurmdbd_events_are_kept_only_when_asked():
+    """Nothing feeds a result from slurmdbd's node events or sacct's job runs, so a run keeps them only for
+    --export-history (Sim.keep_records); kept or not, the run's result is the same, and an export of a run that
+    kept nothing says so instead of writing empty records."""
+    from gpufleet_sim import scenario as scn
+    from gpufleet_sim import validate as val
+    from gpufleet_sim.brain import default_brain
+    from gpufleet_sim.engine import Sim
+    from gpufleet_sim.export import export_history, sacct_json
+    from gpufleet_sim.policies import resolve
+
+    t = [1_800_000_000.0]
+    vs = VirtualSlurm(lambda: t[0])
+    sl = vs.add(NodeState("node000001", ("gpu",), {"rack": "r0"}))
+    vs.drain(["node000001"], "gpufleet: xid79 gpu3")
+    vs.resume(["node000001"])
+    assert vs.events is None and sl.reason == ""
+    vs.events = []
+    vs.drain(["node000001"], "gpufleet: xid79 gpu3")
+    t[0] += 60
+    vs.resume(["node000001"])
+    assert vs.events == [["node000001", t[0] - 60, t[0], "DRAIN", "gpufleet: xid79 gpu3", "root"]]
+
+    sc = scn.validate(scn.override(scn.load(val.SCENARIOS / "default-1k.yaml")["raw"], {"horizon_days": 20}))
+    pol = resolve("passive+auto-repair+hot-spares")
+    plain, kept = (Sim(sc, pol, 3, default_brain(sc)) for _ in range(2))
+    kept.keep_records(histories=False, reports=False)
+    a, b = plain.run(), kept.run()
+    assert a == b and a["stats"]["repairs"] > 0
+    assert plain.vslurm.events is None and all(job.runs is None for job in plain.jobs)
+    assert len(kept.vslurm.events) >= a["stats"]["repairs"] and all(job.runs for job in kept.jobs)
+    assert kept.vslurm.history_log is None and kept.vslurm.report_log is None
+    assert sacct_json(kept)["jobs"]
+    with pytest.raises(ValueError, match="kept no records"):
+        sacct_json(plain)
+    with pytest.raises(ValueError, match="kept no records"):
+        export_history(plain, Path("/nonexistent/never-written"))
