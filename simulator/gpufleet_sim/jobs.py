@@ -164,13 +164,18 @@ class Job:
     def _recover(self):
         env = self.sim.env
         t0 = env.now
-        if any(not f.planned for f in self.pending):
-            self.end_run("FAILED" if any(f.fault.get("scope") == "job" for f in self.pending) else "NODE_FAIL")
-        else:
-            self.end_run("REQUEUED")
+        # one pass over the failures (usually one): any not planned (a crash), any of the job's own software, the
+        # oldest rollback of a silent corruption
+        planned, own, rb = True, False, []
+        for f in self.pending:
+            if not f.planned:
+                planned = False
+            if f.fault.get("scope") == "job":
+                own = True
+            if f.rollback_to is not None:
+                rb.append(f.rollback_to)
+        self.end_run("REQUEUED" if planned else "FAILED" if own else "NODE_FAIL")
         # roll back to the last checkpoint
-        planned = all(f.planned for f in self.pending)
-        rb = [f.rollback_to for f in self.pending if f.rollback_to is not None]
         target = min([self.work if self.continuous else self.ckpt_work] + rb)
         if planned and not rb:
             target = self.work  # checkpoint taken on the way out

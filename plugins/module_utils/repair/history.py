@@ -196,8 +196,10 @@ class History:
         inc = self.incident
         if inc is None:
             return
-        if any(s.action in REPAIR_STEPS for s in inc.steps):
-            self.cooldown_until = int(now + cooldown_s)
+        for s in inc.steps:  # a loop, not any() of a generator (a frame of its own per incident closed)
+            if s.action in REPAIR_STEPS:
+                self.cooldown_until = int(now + cooldown_s)
+                break
         self.past = (*self.past, (inc.first_seen, inc.failure_class))
         self.incident = None
 
