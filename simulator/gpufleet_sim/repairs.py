@@ -60,7 +60,7 @@ class RepairRuns:
         if k > stats["peak_run"]:
             stats["peak_run"] = k
         if k == 1:  # the usual run: one node
-            ((sl, approvals),) = batch.values()
+            ((only, (sl, approvals)),) = batch.items()
             nodes = [sl]
         else:
             approvals = set()
@@ -73,8 +73,8 @@ class RepairRuns:
             if brk.tripped and not (self.breaker is not None and self.breaker.tripped):
                 stats["breaker_trips"] += 1
             self.breaker = brk
-        if len(p) == 1:
-            decided[next(iter(batch))] = p[0]
+        if k == 1:
+            decided[only] = p[0]
         else:
             by_name = {d.node: d for d in p}
             for n, (sl, _ap) in batch.items():
