@@ -50,19 +50,26 @@ class FaultProcesses:
                 self._strike_node(rng.randrange(self.N), f)
 
     def _lemon_process(self, classes: list[dict]):
+        """Every node still a lemon fails at its extra rate (``per_lemon``). A draw at the rate of a pool of
+        candidates picks one of them; a candidate cured since (a lemon never becomes one again) leaves the pool at
+        that draw, so the rate follows the lemons left. The pool always holds every lemon, so this thinning is
+        exact: each lemon's rate is the pool's rate over its size."""
         env, rng = self.env, self.stream("lemons")
         mult = self.sc["lemons"]["multiplier"] - 1.0
         weights = [f["per_node_h"] * mult for f in classes]
         per_lemon = sum(weights)
-        total = per_lemon * len(self.lemons_initial)
-        if total <= 0:
+        if per_lemon <= 0:
             return
-        while True:
-            yield env.timeout(rng.expovariate(total))
+        pool = list(self.lemons_initial)
+        while pool:
+            yield env.timeout(rng.expovariate(per_lemon * len(pool)))
             self.stats["events"] += 1
-            n = self.lemons_initial[rng.randrange(len(self.lemons_initial))]
+            i = rng.randrange(len(pool))
+            n = pool[i]
             rec = self.recs.get(n)
             if rec is None or not rec.lemon:
+                pool[i] = pool[-1]  # cured: out of the pool for good
+                pool.pop()
                 continue
             x = rng.random() * per_lemon
             for f, w in zip(classes, weights):  # noqa: B007 - f is the pick
