@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -16,11 +17,22 @@ def _alive(proc):
     return proc.poll() is None
 
 
+def _started(*procs, timeout=30.0):
+    """Wait until each child's command line shows: Popen returns once the child's exec has begun (CPython
+    vforks), a moment before the kernel sets up the new command line that /proc/PID/cmdline reads, and on a busy
+    machine that moment can come after the parent's first look."""
+    deadline = time.monotonic() + timeout
+    while not all(p.pid in processes_with(b"AnsiballZ_job_evict") for p in procs):
+        assert time.monotonic() < deadline, f"children not started within {timeout} s"
+        time.sleep(0.01)
+
+
 def test_only_the_runs_own_module_matches(tmp_path):
     mine = tmp_path / "remote-tmp"
     own = subprocess.Popen([sys.executable, "-c", SLEEP, str(mine / "ansible-tmp-1" / "AnsiballZ_job_evict.py")])
     other = subprocess.Popen([sys.executable, "-c", SLEEP, "/root/.ansible/tmp/ansible-tmp-2/AnsiballZ_job_evict.py"])
     try:
+        _started(own, other)
         both = processes_with(b"AnsiballZ_job_evict")
         assert own.pid in both and other.pid in both  # the name alone: the other lane's run too
         got = processes_with(b"AnsiballZ_job_evict", str(mine).encode())
