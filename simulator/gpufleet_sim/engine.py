@@ -66,7 +66,7 @@ class Env(simpy.Environment):
         # of the instance's own class (BoundClass.bind_early reads type(self).__dict__): a subclass would make a
         # bound method at every env.timeout. Bind Environment's here as SimPy does for its own.
         for name, obj in vars(simpy.Environment).items():
-            if type(obj) is BoundClass:
+            if isinstance(obj, BoundClass):
                 setattr(self, name, getattr(self, name))
 
     def abandon(self, ev: simpy.Event) -> None:

@@ -130,7 +130,7 @@ def test_slurmdbd_events_are_kept_only_when_asked():
 
     sc = scn.validate(scn.override(scn.load(val.SCENARIOS / "default-1k.yaml")["raw"], {"horizon_days": 20}))
     pol = resolve("passive+auto-repair+hot-spares")
-    plain, kept = (Sim(sc, pol, 3, default_brain(sc)) for _ in range(2))
+    plain, kept = Sim(sc, pol, 3, default_brain(sc)), Sim(sc, pol, 3, default_brain(sc))
     kept.keep_records(histories=False, reports=False)
     a, b = plain.run(), kept.run()
     assert a == b and a["stats"]["repairs"] > 0
