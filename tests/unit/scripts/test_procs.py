@@ -21,8 +21,12 @@ def _started(*procs, timeout=30.0):
     """Wait until each child's command line shows: Popen returns once the child's exec has begun (CPython
     vforks), a moment before the kernel sets up the new command line that /proc/PID/cmdline reads, and on a busy
     machine that moment can come after the parent's first look."""
+    def shown(pid):  # the child's own line, read directly: processes_with() itself stays what the test checks
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return SLEEP.encode() in fh.read()
+
     deadline = time.monotonic() + timeout
-    while not all(p.pid in processes_with(b"AnsiballZ_job_evict") for p in procs):
+    while not all(shown(p.pid) for p in procs):
         assert time.monotonic() < deadline, f"children not started within {timeout} s"
         time.sleep(0.01)
 
